@@ -1,0 +1,129 @@
+"""Figures as PNG files (matplotlib, Agg backend): every axis labelled, every curve in a legend."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.fits import curve_points  # noqa: E402
+from analysis.load import require_columns  # noqa: E402
+from analysis.tables import METRICS  # noqa: E402
+
+
+def group_label(by: list[str], key) -> str:
+    key = key if isinstance(key, tuple) else (key,)
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(by, key)) or "all runs"
+
+
+def _groups(df: pd.DataFrame, by: list[str]):
+    if not by:
+        return [("all runs", df)]
+    return [(group_label(by, k), g) for k, g in df.groupby(by, dropna=False, sort=True)]
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "epoch") -> Path:
+    """Accuracy and loss per epoch, mean over seeds per group; solid = test, dashed = train."""
+    require_columns(hist, x, "test_error", "test_loss", *by)
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (label, g) in enumerate(_groups(hist, by)):
+        color = f"C{i % 10}"
+        means = g.groupby(x).mean(numeric_only=True)
+        for split, style in (("test", "-"), ("train", "--")):
+            if f"{split}_error" in means:
+                ax_acc.plot(means.index, 100 * (1 - means[f"{split}_error"]), style, color=color,
+                            label=f"{label} ({split})")
+            if f"{split}_loss" in means:
+                ax_loss.plot(means.index, means[f"{split}_loss"], style, color=color, label=f"{label} ({split})")
+    ax_acc.set(xlabel=x, ylabel="accuracy (%)", title="accuracy per epoch (mean over seeds)")
+    ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
+    ax_acc.legend(fontsize=7)
+    ax_loss.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) -> Path:
+    """Log-log points (mean +- std over seeds) and fitted lines; alpha with its CI in the legend."""
+    x, y, by = fits.attrs["x"], fits.attrs["y"], fits.attrs["by"]
+    points = curve_points(df[df["status"] == "completed"] if "status" in df else df, x, y, by)
+    fig, ax = plt.subplots(figsize=(6.5, 4.8))
+    for i, fit in enumerate(fits.to_dict("records")):
+        key = tuple(fit[k] for k in by) if by else ()
+        sel = np.ones(len(points), bool)
+        for k, v in zip(by, key):
+            sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
+        p = points[sel]
+        color = f"C{i % 10}"
+        ax.errorbar(p[x], p["mean"], yerr=p["std"].fillna(0), fmt="o", color=color, capsize=3)
+        n = np.geomspace(fit["x_min"], fit["x_max"], 50)
+        ci = f" [{fit['alpha_lo']:.3f}, {fit['alpha_hi']:.3f}]" if np.isfinite(fit["alpha_lo"]) else ""
+        name = group_label(by, key) if by else "fit"
+        ax.plot(n, fit["prefactor"] * n ** fit["alpha"], "-", color=color,
+                label=f"{name}: α={fit['alpha']:.3f}{ci}")
+        if np.isfinite(fit.get("offset", np.nan)):
+            ax.plot(n, fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"], ":", color=color,
+                    label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
+    ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
+           title="learning curves: mean ± std over seeds, power-law fits")
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path) -> Path:
+    """Train and test error against width, one line per noise level (band = std over seeds)."""
+    width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for i, (label, c) in enumerate(_groups(curves, [*by, noise])):
+        color = f"C{i % 10}"
+        c = c.sort_values(width)
+        for ax, split in zip(axes, ("train", "test")):
+            m, s = c[f"{split}_mean"].to_numpy(), c[f"{split}_std"].fillna(0).to_numpy()
+            ax.plot(c[width], 100 * m, "o-", color=color, label=label, ms=3)
+            ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
+    if summary is not None:
+        peaks = summary.dropna(subset=["peak_width"])
+        axes[1].plot(peaks["peak_width"], 100 * peaks["peak_test_error"], "kx", ms=9, label="test-error peak")
+    for ax, split in zip(axes, ("train", "test")):
+        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)",
+               title=f"{split} error vs width (mean ± std over seeds)")
+        ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
+              metrics: tuple[str, ...] = ("test_acc", "wall_s")) -> Path:
+    """Side-by-side bars (mean, error bar = std over seeds) per group for each metric in the table."""
+    metrics = [m for m in metrics if f"{m}_mean" in table.columns]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2), squeeze=False)
+    labels = [group_label(by, tuple(r)) for r in table[by].itertuples(index=False)] if by else ["all runs"]
+    hue = table[by[-1]].astype(str) if by else None  # colour = value of the last key, named in the legend
+    levels = list(dict.fromkeys(hue)) if hue is not None else ["all runs"]
+    colors = [f"C{levels.index(v) % 10}" for v in hue] if hue is not None else ["C0"] * len(table)
+    pos = np.arange(len(table))
+    for ax, m in zip(axes[0], metrics):
+        header, kind = METRICS.get(m, (m, "num"))
+        scale = 100.0 if kind == "pct" else 1.0
+        unit_header = "training time (s)" if kind == "time" else header
+        ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * table[f"{m}_std"].fillna(0), capsize=4, color=colors)
+        ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds")
+        if kind == "pct":
+            lo = np.nanmin(scale * (table[f"{m}_mean"] - table[f"{m}_std"].fillna(0)))
+            ax.set_ylim(max(0.0, lo - 0.1 * (100 - lo)), 100)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(levels))]
+        ax.legend(handles, levels, title=by[-1] if by else None, fontsize=7, title_fontsize=7,
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, out)

@@ -1,0 +1,246 @@
+"""Run directories and Optuna storages into pandas.
+
+A run directory is any folder holding ``.hydra/config.yaml`` (see the run-directory contract in
+the README): ``metrics.jsonl`` (one JSON object per evaluation) and ``summary.json`` sit next to it.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+PathLike = str | Path
+_EXPECTED = (
+    "expected a Hydra output folder holding run directories, i.e. folders with "
+    "'.hydra/config.yaml' next to 'summary.json'/'metrics.jsonl' "
+    "(e.g. outputs/multirun/<date_time> or one of its numbered job folders)"
+)
+
+
+class MissingColumnError(KeyError):
+    """A requested column is not in the frame; the message lists the close names."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+def require_columns(df: pd.DataFrame, *columns: str | None) -> None:
+    """Raise MissingColumnError naming each missing column and the closest existing ones."""
+    existing = [str(c) for c in df.columns]
+    for col in columns:
+        if col is None or col in df.columns:
+            continue
+        close = difflib.get_close_matches(col, existing, n=5, cutoff=0.5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise MissingColumnError(f"column '{col}' not found{hint} ({len(existing)} columns in all)")
+
+
+def completed_only(df: pd.DataFrame, who: str, status: str | None = "completed") -> pd.DataFrame:
+    """Keep rows whose status equals ``status`` (None keeps all); print how many were excluded."""
+    if status is None or "status" not in df.columns:
+        return df
+    keep = df["status"] == status
+    if (~keep).any():
+        counts = df.loc[~keep, "status"].fillna("unknown").value_counts().to_dict()
+        detail = ", ".join(f"{n} {s}" for s, n in counts.items())
+        print(f"{who}: excluded {int((~keep).sum())} runs with status != {status} ({detail})")
+    return df[keep]
+
+
+def find_run_dirs(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    """Every folder under ``paths`` (recursively, the paths themselves included) holding .hydra/config.yaml."""
+    paths = [paths] if isinstance(paths, str | Path) else list(paths)
+    if not paths:
+        raise FileNotFoundError(f"no folders given; {_EXPECTED}")
+    found: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"'{p}' does not exist; {_EXPECTED}")
+        if not p.is_dir():
+            raise NotADirectoryError(f"'{p}' is a file; {_EXPECTED}")
+        found.update(cfg.parent.parent.resolve() for cfg in p.rglob(".hydra/config.yaml"))
+    if not found:
+        raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}; {_EXPECTED}")
+    return sorted(found, key=_natural_key)
+
+
+def _natural_key(p: Path) -> list:
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in p.as_posix().split("/")]
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested dicts to dotted keys; lists become tuples so that columns stay hashable for groupby."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + ".") if v else {key: None})
+        elif isinstance(v, list):
+            out[key] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        else:
+            out[key] = v
+    return out
+
+
+def read_config(run_dir: Path) -> dict:
+    """The run's composed config as a flat dict; interpolations resolved where they can be."""
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    try:
+        return flatten(OmegaConf.to_container(cfg, resolve=True))
+    except Exception:  # e.g. ${hydra:...} resolvers that only exist inside a running job
+        flat = flatten(OmegaConf.to_container(cfg, resolve=False))
+        for key in list(flat):
+            try:
+                flat[key] = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+            except Exception:
+                pass
+        return flat
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        warnings.warn(f"{path}: unreadable summary ({e}); run kept with status 'unknown'", stacklevel=3)
+        return {"status": "unknown"}
+
+
+def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
+    row = read_config(run_dir)
+    config_cols = list(row)
+    summary = read_summary(run_dir)
+    if summary is None:
+        row["status"] = "running"
+    else:
+        for k, v in summary.items():
+            v = tuple(v) if isinstance(v, list) else v
+            if isinstance(v, dict):
+                row.update(flatten(v, f"{k}."))
+            elif k in row and row[k] != v:
+                row[f"summary.{k}"] = v  # the trainer recorded something other than the config
+            else:
+                row[k] = v
+    if "study_name" not in row and row.get("trial.study_name") is not None:
+        row["study_name"] = row["trial.study_name"]
+    if "trial_number" not in row and row.get("trial.number") is not None:
+        row["trial_number"] = row["trial.number"]
+    row["run_dir"] = str(run_dir)
+    return row, config_cols
+
+
+def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -> pd.DataFrame:
+    """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
+
+    Runs without summary.json get status 'running'. When a run is an Optuna trial whose storage
+    (config key ``trial.storage``) can be opened, ``optuna_state`` holds the trial's state name.
+    ``df.attrs['config_columns']`` lists the columns that came from the config.
+    """
+    rows, config_cols = [], {}
+    for run_dir in find_run_dirs(paths):
+        row, cols = _run_record(run_dir)
+        rows.append(row)
+        config_cols.update(dict.fromkeys(cols))
+    df = pd.DataFrame(rows)
+    if optuna_state and "trial.storage" in df.columns and "study_name" in df.columns:
+        df["optuna_state"] = _optuna_states(df)
+    df.attrs["config_columns"] = list(config_cols)
+    return df
+
+
+def _optuna_states(df: pd.DataFrame) -> pd.Series:
+    states = pd.Series(None, index=df.index, dtype=object)
+    keys = df[["trial.storage", "study_name"]].dropna().drop_duplicates()
+    for storage, study_name in keys.itertuples(index=False):
+        try:
+            trials = _study_trials(storage, study_name)
+        except Exception as e:  # storage moved, or a relative sqlite path from another cwd
+            warnings.warn(f"cannot open Optuna study '{study_name}' at {storage}: {e}", stacklevel=3)
+            continue
+        sel = (df["trial.storage"] == storage) & (df["study_name"] == study_name)
+        states[sel] = df.loc[sel, "trial_number"].map(
+            lambda n: trials.get(int(n)) if pd.notna(n) else None
+        )
+    return states
+
+
+def _study_trials(storage: str, study_name: str) -> dict[int, str]:
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl rows; an unreadable line (e.g. truncated by a kill) is skipped with a warning."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                warnings.warn(f"{path}:{lineno}: skipped unreadable line ({e.msg})", stacklevel=2)
+                continue
+            if not isinstance(obj, dict):
+                warnings.warn(f"{path}:{lineno}: skipped line that is not a JSON object", stacklevel=2)
+                continue
+            rows.append(obj)
+    return rows
+
+
+def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
+    """One row per evaluation (metrics.jsonl line) of every run, plus its config columns and status."""
+    frames = []
+    for run_dir in find_run_dirs(paths):
+        path = run_dir / "metrics.jsonl"
+        if not path.exists():
+            continue
+        metrics = read_metrics(path)
+        if not metrics:
+            continue
+        row, _ = _run_record(run_dir)
+        hist = pd.DataFrame(metrics)
+        static = {k: v for k, v in row.items() if k not in hist.columns}
+        frames.append(hist.assign(**{k: [v] * len(hist) for k, v in static.items()}))
+    if not frames:
+        raise FileNotFoundError(f"no metrics.jsonl with readable lines under {paths}; {_EXPECTED}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLike] | None = None) -> pd.DataFrame:
+    """Optuna's trials table joined to the runs (``runs_*`` columns are from load_runs).
+
+    Runs are matched by the trial's user attribute ``run_dir`` when set, else by the summary's
+    ``study_name``/``trial_number``. Runs are read from ``paths``, or else from the run_dir attributes.
+    """
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise KeyError(f"no study '{study_name}' in {storage}; studies there: {names}") from None
+    trials = study.trials_dataframe()
+    if trials.empty:
+        return trials
+    if paths is None:
+        if "user_attrs_run_dir" not in trials.columns:
+            raise ValueError(f"study '{study_name}' has no user attr run_dir; pass paths= (the sweep folder)")
+        paths = [p for p in trials["user_attrs_run_dir"].dropna().unique() if Path(p).is_dir()]
+    runs = load_runs(paths, optuna_state=False).add_prefix("runs_")
+    if "user_attrs_run_dir" in trials.columns:
+        key = trials["user_attrs_run_dir"].map(lambda p: str(Path(p).resolve()) if isinstance(p, str) else p)
+        return trials.assign(_key=key).merge(runs, how="left", left_on="_key", right_on="runs_run_dir").drop(columns="_key")
+    require_columns(runs, "runs_trial_number")
+    if "runs_study_name" in runs.columns:
+        runs = runs[runs["runs_study_name"] == study_name]
+    return trials.merge(runs, how="left", left_on="number", right_on="runs_trial_number")

@@ -1,0 +1,175 @@
+"""One report per sweep: detect what varied, write report.md with the matching tables, fits, figures.
+
+    python -m analysis.report SWEEP_DIR [SWEEP_DIR ...] --out DIR
+
+Writes DIR/report.md, DIR/tables/*.csv (+ .md) and DIR/figures/*.png.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures
+from analysis.double_descent import WIDTH_KEYS, descent_curves, descent_summary
+from analysis.fits import fit_learning_curve
+from analysis.load import load_history, load_runs
+from analysis.tables import format_table, summary_table, to_markdown, write_table
+
+# config keys that never count as "what the sweep varied"
+IGNORED_PREFIXES = ("hydra.", "trial.")
+IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device"}
+MAX_GROUPS = 12  # curves per figure and rows in the Markdown table (the CSV has them all)
+
+
+def varied_keys(df: pd.DataFrame) -> list[str]:
+    """Config columns taking more than one value across runs, minus seeds and bookkeeping; of keys
+    that map one-to-one onto each other (model._target_ and model.name) only the first is kept."""
+    cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
+    keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
+            and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES and df[c].astype(str).nunique() > 1]
+    kept: list[str] = []
+    for k in keys:
+        s = df[k].astype(str)
+        if not any(s.groupby(df[j].astype(str)).nunique().max() == 1
+                   and df[j].astype(str).groupby(s).nunique().max() == 1 for j in kept):
+            kept.append(k)
+    return kept
+
+
+class Report:
+    def __init__(self, out: Path):
+        self.out, self.lines, self.files = out, [], []
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def figure(self, path: Path, caption: str) -> None:
+        self.files.append(path)
+        self.add(f"![{caption}]({path.relative_to(self.out).as_posix()})", "")
+
+    def table(self, numbers: pd.DataFrame, name: str, formatted: pd.DataFrame | None = None) -> None:
+        csv, md = write_table(numbers, self.out / "tables" / name, formatted)
+        self.files += [csv, md]
+        shown = numbers if formatted is None else formatted
+        note = f"\n(first {MAX_GROUPS} of {len(shown)} rows; all in the CSV)\n" if len(shown) > MAX_GROUPS else ""
+        self.add(to_markdown(shown.head(MAX_GROUPS)) + note, f"Data: [{csv.name}](tables/{csv.name})", "")
+
+    def write(self) -> Path:
+        path = self.out / "report.md"
+        path.write_text("\n".join(self.lines) + "\n")
+        self.files.insert(0, path)
+        return path
+
+
+def _results(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
+    table = summary_table(runs, varied)
+    rep.add(f"## Results per {', '.join(varied) or 'sweep'}", "",
+            "Mean ± std over seeds of completed runs; training time is wall-clock (m:s).", "")
+    rep.table(table, "results", format_table(table))
+    shown = table.head(MAX_GROUPS * 2)
+    rep.figure(figures.plot_bars(shown, varied, rep.out / "figures" / "results_bars.png"), "test accuracy and time")
+
+
+def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
+    try:
+        hist = load_history(paths)
+    except FileNotFoundError as e:
+        rep.add("## Training curves", "", f"No curves: {e}", "")
+        return
+    hist = hist[hist["status"] == "completed"] if "status" in hist else hist
+    groups = hist.groupby(varied, dropna=False).ngroups if varied else 1
+    if groups > MAX_GROUPS:
+        first = hist.groupby(varied, dropna=False).ngroup() < MAX_GROUPS
+        hist = hist[first]
+    rep.add("## Training curves", "", "Accuracy and loss per epoch, mean over seeds (solid: test, dashed: train)"
+            + (f"; first {MAX_GROUPS} of {groups} groups." if groups > MAX_GROUPS else "."), "")
+    rep.figure(figures.plot_history(hist, varied, rep.out / "figures" / "history.png"), "accuracy and loss per epoch")
+
+
+def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot: int) -> None:
+    x = "n_train" if "n_train" in runs and runs["n_train"].notna().all() else "dataset.n_train"
+    by = [k for k in varied if k != "dataset.n_train"]
+    rep.add("## Learning curves", "", f"`test_error ≈ prefactor · n^alpha`, least squares in log-log on seed means "
+            f"(n = `{x}`, images trained on); alpha_lo/alpha_hi: 95% bootstrap over seeds. "
+            "The offset model `a · n^alpha + c` is fitted when there are >= 4 sizes.", "")
+    sizes = runs[x].nunique()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fits = fit_learning_curve(runs, x=x, y="test_error", by=by, n_boot=n_boot, offset=sizes >= 4)
+    except ValueError as e:
+        rep.add(f"No fit: {e}", "")
+        return
+    for w in caught:
+        rep.add(f"- note: {w.message}")
+    rep.add("")
+    rep.table(fits, "learning_curve_fits")
+    rep.figure(figures.plot_learning_curves(runs, fits, rep.out / "figures" / "learning_curves.png"),
+               "learning curves")
+
+
+def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: str, tol: float) -> None:
+    noise = "label_noise.p"
+    by = [k for k in varied if k not in (width, noise)]
+    curves = descent_curves(runs, width=width, noise=noise, by=by)
+    summary = descent_summary(curves, tol=tol)
+    rep.add("## Double descent", "", f"Train and test error against `{width}` per `{noise}`. Interpolation "
+            f"threshold: smallest width with mean train error < {tol}; peak: highest interior local maximum "
+            "of the mean test error.", "")
+    rep.table(summary, "double_descent_summary")
+    rep.table(curves, "double_descent_curves")
+    rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png"),
+               "double descent")
+
+
+def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, tol: float = 0.01) -> list[Path]:
+    """Write the report for the runs under ``paths`` into ``out``; return every file written."""
+    paths = [str(p) for p in paths]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(paths)
+    varied = varied_keys(runs)
+    rep = Report(out)
+    status = runs["status"].value_counts().to_dict()
+    rep.add("# Sweep report", "", f"Sweep folders: {', '.join(f'`{p}`' for p in paths)}", "",
+            f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in status.items())}); seeds: "
+            f"{runs['seed'].nunique() if 'seed' in runs else 1}. Varied keys: "
+            f"{', '.join(f'`{k}`' for k in varied) or 'none (repeats of one config)'}. "
+            "Fits and tables use completed runs only.", "")
+    if (runs["status"] == "completed").sum() == 0:
+        rep.add("No completed runs yet: nothing to tabulate.", "")
+    else:
+        _results(rep, runs, varied)
+        _history(rep, paths, varied)
+        if "dataset.n_train" in varied or ("n_train" in runs and runs["n_train"].nunique() > 1):
+            _learning_curves(rep, runs, varied, n_boot)
+        width = next((k for k in WIDTH_KEYS if k in varied), None)
+        if width and "label_noise.p" in runs:
+            _double_descent(rep, runs, varied, width, tol)
+    bad = runs[runs["status"].isin(["failed", "unknown"])]
+    if len(bad):
+        cols = [c for c in ("run_dir", "stop_reason", "error") if c in bad]
+        rep.add("## Failed runs", "", to_markdown(bad[cols].fillna("")), "")
+    rep.write()
+    return rep.files
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0])
+    ap.add_argument("paths", nargs="+", help="sweep output folders (searched recursively for run dirs)")
+    ap.add_argument("--out", default=None, help="output folder (default: FIRST_PATH/report)")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap samples for fit intervals")
+    ap.add_argument("--tol", type=float, default=0.01, help="train error below which a width interpolates")
+    args = ap.parse_args(argv)
+    try:
+        files = make_report(args.paths, args.out or Path(args.paths[0]) / "report", args.n_boot, args.tol)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise SystemExit(f"analysis.report: {e}") from None
+    print(f"wrote {files[0]} and {len(files) - 1} tables/figures")
+
+
+if __name__ == "__main__":
+    main()

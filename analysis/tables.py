@@ -1,0 +1,88 @@
+"""Tables in the papers' form: one row per value of the varied keys, mean +- std over seeds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import completed_only, require_columns
+
+# metric column -> (header, kind); kind picks the formatting
+METRICS = {
+    "wall_s": ("training time (m:s)", "time"),
+    "train_acc": ("train acc (%)", "pct"),
+    "test_acc": ("test acc (%)", "pct"),
+    "train_loss": ("train loss", "num"),
+    "test_loss": ("test loss", "num"),
+}
+
+
+def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``*_acc = 1 - *_error`` where an error column exists and the accuracy does not."""
+    df = df.copy()
+    for split in ("train", "val", "test"):
+        if f"{split}_error" in df.columns and f"{split}_acc" not in df.columns:
+            df[f"{split}_acc"] = 1.0 - df[f"{split}_error"]
+    return df
+
+
+def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | None = None,
+                  status: str | None = "completed") -> pd.DataFrame:
+    """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``."""
+    by = [by] if isinstance(by, str) else list(by)
+    df = with_accuracies(df)
+    metrics = metrics or [m for m in METRICS if m in df.columns]
+    require_columns(df, *by, *metrics)
+    df = completed_only(df, "summary_table", status)
+    g = df.groupby(by, dropna=False, sort=True) if by else df.assign(_all="all runs").groupby("_all")
+    out = g[metrics].agg(["mean", "std"])
+    out.columns = [f"{m}_{stat}" for m, stat in out.columns]
+    out["n_seeds"] = g.size()
+    return out.reset_index()
+
+
+def _fmt(x: float, kind: str) -> str:
+    if not np.isfinite(x):
+        return "-"
+    if kind == "time":
+        s = int(round(x))
+        return f"{s // 60}:{s % 60:02d}"
+    if kind == "pct":
+        return f"{100 * x:.2f}"
+    return f"{x:.4g}"
+
+
+def format_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Strings "mean ± std" with the papers' units (m:s, percent); std left off with one seed."""
+    metrics = [c[: -len("_mean")] for c in table.columns if c.endswith("_mean")]
+    keys = [c for c in table.columns if not c.endswith(("_mean", "_std")) and c != "n_seeds"]
+    out = table[keys].copy()
+    for m in metrics:
+        header, kind = METRICS.get(m, (m, "num"))
+        mean, std = table[f"{m}_mean"], table[f"{m}_std"]
+        out[header] = [_fmt(a, kind) + (f" ± {_fmt(b, kind)}" if np.isfinite(b) else "") for a, b in zip(mean, std)]
+    out["seeds"] = table["n_seeds"]
+    return out
+
+
+def to_markdown(table: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-flavoured Markdown table (no tabulate dependency)."""
+    def cell(v):
+        if isinstance(v, float | np.floating):
+            return "-" if not np.isfinite(v) else format(v, floatfmt)
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + " --- |" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(table: pd.DataFrame, stem: str | Path, formatted: pd.DataFrame | None = None) -> tuple[Path, Path]:
+    """Write ``stem``.csv (numbers) and ``stem``.md (``formatted``, or the numbers); return both paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv, md = stem.with_suffix(".csv"), stem.with_suffix(".md")
+    table.to_csv(csv, index=False)
+    md.write_text(to_markdown(table if formatted is None else formatted))
+    return csv, md

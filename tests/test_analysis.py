@@ -1,0 +1,208 @@
+"""analysis/ on synthetic run dirs written by hand in the run-directory contract's format."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from analysis import (MissingColumnError, descent_curves, descent_summary, fit_learning_curve, load_history,
+                      load_runs, summary_table)
+from analysis.report import make_report, varied_keys
+
+SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+def write_run(root: Path, num: int, config: dict, summary: dict | None, metrics: list[dict] | None = None) -> Path:
+    """One run dir as the trainer leaves it: .hydra/*.yaml, metrics.jsonl, summary.json (None: still running)."""
+    run = root / str(num)
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([]))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    if metrics is not None:
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def config(seed: int, n_train: int = 1000, patch: int = 4, width: int = 64, noise: float = 0.0) -> dict:
+    return {
+        "seed": seed,
+        "dataset": {"name": "mnist", "root": "data", "n_train": n_train, "image_size": None},
+        "model": {"_target_": "src.models.vit.ViT", "patch": patch, "dim": width, "depth": 2, "heads": 2},
+        "optimizer": {"lr": 0.001},
+        "label_noise": {"p": noise},
+        "trainer": {"max_epochs": 3},
+    }
+
+
+def summary(test_error: float, train_error: float = 0.0, status: str = "completed", **extra) -> dict:
+    return {"status": status, "stop_reason": "max_epochs", "epochs": 3, "wall_s": 61.0, "test_error": test_error,
+            "test_acc": 1 - test_error, "train_error": train_error, "train_loss": 0.1, "test_loss": 0.3,
+            **extra}
+
+
+def history(test_error: float, epochs: int = 3) -> list[dict]:
+    return [{"epoch": e, "step": 10 * e, "wall_s": 20.0 * e, "lr": 1e-3, "train_loss": 1.0 / e,
+             "train_error": 0.5 / e, "test_loss": 1.2 / e, "test_error": test_error * (1 + 1.0 / e),
+             "images_per_s": 1000.0} for e in range(1, epochs + 1)]
+
+
+def power_law_sweep(root: Path, alpha=-0.5, a=2.0, c=0.0, noise=0.05, seeds=4, sizes=SIZES, patch=4, rng=0):
+    rng = np.random.default_rng(rng)
+    num = 0
+    for n in sizes:
+        for s in range(seeds):
+            err = (a * n**alpha + c) * np.exp(noise * rng.standard_normal())
+            write_run(root, num, config(s, n_train=n, patch=patch), summary(err, n_train=n, seed=s), history(err))
+            num += 1
+    return root
+
+
+def test_planted_power_law_recovered_with_ci(tmp_path):
+    runs = load_runs(power_law_sweep(tmp_path))
+    assert len(runs) == 28 and (runs["status"] == "completed").all()
+    fit = fit_learning_curve(runs, x="dataset.n_train", y="test_error").iloc[0]
+    assert abs(fit["alpha"] + 0.5) < 0.05
+    assert fit["alpha_lo"] <= -0.5 <= fit["alpha_hi"]
+    assert fit["alpha_hi"] - fit["alpha_lo"] < 0.1
+    assert abs(fit["prefactor"] - 2.0) / 2.0 < 0.3
+    assert fit["n_points"] == 7 and fit["r2"] > 0.95
+
+
+def test_offset_model_recovers_planted_offset(tmp_path):
+    runs = load_runs(power_law_sweep(tmp_path, a=3.0, c=0.05, noise=0.02, rng=1))
+    fit = fit_learning_curve(runs, offset=True, n_boot=300).iloc[0]
+    assert abs(fit["offset"] - 0.05) < 0.01
+    assert fit["offset_lo"] <= 0.05 <= fit["offset_hi"]
+    assert abs(fit["offset_alpha"] + 0.5) < 0.1
+    # the plain power law, blind to the floor, reads a flatter exponent
+    assert fit["alpha"] > -0.45
+
+
+def test_fit_groups_and_excludes_unfinished(tmp_path, capsys):
+    power_law_sweep(tmp_path / "a", alpha=-0.5, patch=4, seeds=3)
+    power_law_sweep(tmp_path / "b", alpha=-0.3, patch=2, seeds=3, rng=5)
+    write_run(tmp_path / "c", 0, config(0, n_train=128, patch=2), None)  # still running
+    write_run(tmp_path / "c", 1, config(1, n_train=128, patch=2), summary(0.9, status="failed"))
+    runs = load_runs(tmp_path)
+    assert set(runs["status"]) == {"completed", "running", "failed"}
+    fits = fit_learning_curve(runs, by=["model.patch"], n_boot=200).set_index("model.patch")
+    assert "excluded 2 runs" in capsys.readouterr().out
+    assert abs(fits.loc[4, "alpha"] + 0.5) < 0.05 and abs(fits.loc[2, "alpha"] + 0.3) < 0.05
+
+
+def test_fit_needs_three_sizes(tmp_path):
+    runs = load_runs(power_law_sweep(tmp_path, sizes=[100, 200], seeds=2))
+    with pytest.raises(ValueError, match="needs >= 3 distinct values of dataset.n_train"):
+        fit_learning_curve(runs)
+
+
+def test_missing_column_lists_close_names(tmp_path):
+    runs = load_runs(power_law_sweep(tmp_path, sizes=SIZES[:3], seeds=1))
+    with pytest.raises(MissingColumnError, match="dataset.ntrain.*close names: dataset.n_train"):
+        fit_learning_curve(runs, x="dataset.ntrain")
+    with pytest.raises(MissingColumnError, match="test_eror.*test_error"):
+        summary_table(runs, by=["model.patch"], metrics=["test_eror"])
+
+
+def test_empty_or_wrong_folder_says_what_was_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no run directories.*\.hydra/config\.yaml"):
+        load_runs(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_runs(tmp_path / "nope")
+
+
+def test_truncated_metrics_line_is_skipped_with_warning(tmp_path):
+    run = write_run(tmp_path, 0, config(0), summary(0.1), history(0.1))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 4, "step": 40, "test_err')  # the job was killed mid-write
+    with pytest.warns(UserWarning, match=r"metrics\.jsonl:4: skipped unreadable line"):
+        hist = load_history(tmp_path)
+    assert list(hist["epoch"]) == [1, 2, 3]
+    assert (hist["model.patch"] == 4).all() and (hist["status"] == "completed").all()
+
+
+def test_config_flattened_and_summary_merged(tmp_path):
+    write_run(tmp_path, 0, {**config(3), "trial": {"study_name": "s", "number": 7, "storage": None}},
+              summary(0.2, seed=3, params=1234))
+    row = load_runs(tmp_path).iloc[0]
+    assert row["dataset.n_train"] == 1000 and row["model._target_"] == "src.models.vit.ViT"
+    assert row["params"] == 1234 and row["seed"] == 3 and "summary.seed" not in row
+    assert row["study_name"] == "s" and row["trial_number"] == 7
+    assert Path(row["run_dir"]).name == "0"
+
+
+def double_descent_sweep(root: Path, seeds: int = 3) -> Path:
+    widths = [2, 4, 8, 16, 32, 64, 128, 256]
+    # noisy labels: classical U, then a peak at the interpolation threshold (width 32), then descent
+    planted = {0.0: ([0.3, 0.2, 0.08, 0.0, 0.0, 0.0, 0.0, 0.0], [0.5, 0.35, 0.3, 0.28, 0.26, 0.25, 0.24, 0.23]),
+               0.2: ([0.4, 0.3, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0], [0.5, 0.35, 0.3, 0.33, 0.45, 0.35, 0.3, 0.28])}
+    rng, num = np.random.default_rng(2), 0
+    for p, (train, test) in planted.items():
+        for w, tr, te in zip(widths, train, test):
+            for s in range(seeds):
+                jitter = 0.004 * rng.standard_normal(2)
+                write_run(root, num, config(s, width=w, noise=p),
+                          summary(te + jitter[0], max(0.0, tr + abs(jitter[1]) * (tr > 0))), history(te))
+                num += 1
+    return root
+
+
+def test_double_descent_peak_at_planted_width(tmp_path):
+    runs = load_runs(double_descent_sweep(tmp_path))
+    curves = descent_curves(runs)  # width column found automatically: model.dim
+    assert curves.attrs["width"] == "model.dim" and (curves["n_seeds"] == 3).all()
+    summ = descent_summary(curves, tol=0.01).set_index("label_noise.p")
+    assert summ.loc[0.2, "peak_width"] == 32
+    assert summ.loc[0.2, "interpolation_width"] == 32
+    assert summ.loc[0.2, "peak_test_error"] == pytest.approx(0.45, abs=0.01)
+    assert np.isnan(summ.loc[0.0, "peak_width"])  # monotone: no double descent without noise
+    assert summ.loc[0.0, "interpolation_width"] == 16
+
+
+def test_varied_keys_skip_seed_bookkeeping_and_aliases(tmp_path):
+    for i, (target, name) in enumerate([("src.models.vit.ViT", "vit"), ("src.models.cnn.CNN", "cnn")] * 2):
+        cfg = config(i, n_train=100 * (1 + i // 2))
+        cfg["model"] = {"_target_": target, "name": name}
+        cfg["dataset"]["root"] = f"/data/{i}"
+        write_run(tmp_path, i, cfg, summary(0.1))
+    assert varied_keys(load_runs(tmp_path)) == ["dataset.n_train", "model._target_"]
+
+
+def _promised(files: list[Path], out: Path, names: set[str]) -> None:
+    written = {p.relative_to(out).as_posix() for p in files}
+    assert names <= written, names - written
+    for p in files:
+        assert p.exists() and p.stat().st_size > 0
+        if p.suffix == ".png":
+            with Image.open(p) as im:
+                im.verify()
+                assert im.size[0] > 200 and im.size[1] > 200
+
+
+def test_report_learning_curve_sweep_writes_every_promised_file(tmp_path, capsys):
+    power_law_sweep(tmp_path / "sweep", seeds=3, sizes=SIZES[:5], patch=4)
+    power_law_sweep(tmp_path / "sweep" / "more", seeds=3, sizes=SIZES[:5], patch=8, alpha=-0.4, rng=3)
+    out = tmp_path / "report"
+    files = make_report([tmp_path / "sweep"], out, n_boot=100)
+    _promised(files, out, {"report.md", "tables/results.csv", "tables/results.md", "tables/learning_curve_fits.csv",
+                           "figures/results_bars.png", "figures/history.png", "figures/learning_curves.png"})
+    text = (out / "report.md").read_text()
+    assert "`dataset.n_train`" in text and "`model.patch`" in text and "## Learning curves" in text
+    assert "## Double descent" not in text
+    assert "1:01 ± 0:00" in text  # 61 s training time in m:s
+
+
+def test_report_double_descent_sweep(tmp_path):
+    double_descent_sweep(tmp_path / "sweep", seeds=2)
+    out = tmp_path / "report"
+    files = make_report([tmp_path / "sweep"], out, n_boot=50)
+    _promised(files, out, {"report.md", "tables/double_descent_summary.csv", "tables/double_descent_curves.csv",
+                           "figures/double_descent.png", "tables/results.csv", "figures/history.png"})
+    assert "## Learning curves" not in (out / "report.md").read_text()
