@@ -228,7 +228,7 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise KeyError(f"no study '{study_name}' in {storage}; studies there: {names}") from None
+        raise ValueError(f"no study '{study_name}' in {storage}; studies there: {names}") from None
     trials = study.trials_dataframe()
     if trials.empty:
         return trials
@@ -236,11 +236,14 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
         if "user_attrs_run_dir" not in trials.columns:
             raise ValueError(f"study '{study_name}' has no user attr run_dir; pass paths= (the sweep folder)")
         paths = [p for p in trials["user_attrs_run_dir"].dropna().unique() if Path(p).is_dir()]
-    runs = load_runs(paths, optuna_state=False).add_prefix("runs_")
-    if "user_attrs_run_dir" in trials.columns:
-        key = trials["user_attrs_run_dir"].map(lambda p: str(Path(p).resolve()) if isinstance(p, str) else p)
-        return trials.assign(_key=key).merge(runs, how="left", left_on="_key", right_on="runs_run_dir").drop(columns="_key")
-    require_columns(runs, "runs_trial_number")
-    if "runs_study_name" in runs.columns:
-        runs = runs[runs["runs_study_name"] == study_name]
-    return trials.merge(runs, how="left", left_on="number", right_on="runs_trial_number")
+    runs = load_runs(paths, optuna_state=False)
+    by_number = {}
+    if "trial_number" in runs.columns:
+        mine = runs[runs["study_name"] == study_name] if "study_name" in runs.columns else runs
+        by_number = {int(n): d for n, d in zip(mine["trial_number"], mine["run_dir"]) if pd.notna(n)}
+    attr = trials.get("user_attrs_run_dir", pd.Series(None, index=trials.index, dtype=object))
+    key = [str(Path(a).resolve()) if isinstance(a, str) else by_number.get(int(n))
+           for a, n in zip(attr, trials["number"])]
+    joined = trials.assign(_key=key).merge(runs.add_prefix("runs_"), how="left", left_on="_key",
+                                           right_on="runs_run_dir")
+    return joined.drop(columns="_key")

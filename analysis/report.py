@@ -20,7 +20,8 @@ from analysis.tables import format_table, summary_table, to_markdown, write_tabl
 
 # config keys that never count as "what the sweep varied"
 IGNORED_PREFIXES = ("hydra.", "trial.")
-IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device"}
+IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device",
+                  "progress", "log_every", "checkpoint", "eval_batch_size"}
 MAX_GROUPS = 12  # curves per figure and rows in the Markdown table (the CSV has them all)
 
 

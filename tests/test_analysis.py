@@ -10,7 +10,7 @@ import yaml
 from PIL import Image
 
 from analysis import (MissingColumnError, descent_curves, descent_summary, fit_learning_curve, load_history,
-                      load_runs, summary_table)
+                      load_runs, load_study, summary_table)
 from analysis.report import make_report, varied_keys
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -136,6 +136,29 @@ def test_config_flattened_and_summary_merged(tmp_path):
     assert row["params"] == 1234 and row["seed"] == 3 and "summary.seed" not in row
     assert row["study_name"] == "s" and row["trial_number"] == 7
     assert Path(row["run_dir"]).name == "0"
+
+
+def test_load_study_joins_trials_to_runs(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="lc", storage=storage)
+    for i in range(3):
+        trial = study.ask()
+        cfg = {**config(i), "trial": {"study_name": "lc", "number": trial.number, "storage": storage}}
+        run = write_run(tmp_path / "sweep", i, cfg, summary(0.1 * (i + 1), study_name="lc", trial_number=trial.number))
+        if i == 0:
+            trial.set_user_attr("run_dir", str(run))  # joined by path; the others by trial number
+        if i < 2:
+            study.tell(trial, 0.1 * (i + 1))
+    trials = load_study(storage, "lc", paths=tmp_path / "sweep")
+    assert list(trials["number"]) == [0, 1, 2]
+    assert list(trials["runs_test_error"]) == pytest.approx([0.1, 0.2, 0.3])
+    assert list(trials["state"]) == ["COMPLETE", "COMPLETE", "RUNNING"]
+    runs = load_runs(tmp_path / "sweep")
+    assert list(runs["optuna_state"]) == ["COMPLETE", "COMPLETE", "RUNNING"]
+    with pytest.raises(ValueError, match="no study 'nope'.*lc"):
+        load_study(storage, "nope")
 
 
 def double_descent_sweep(root: Path, seeds: int = 3) -> Path:

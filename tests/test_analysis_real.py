@@ -1,0 +1,86 @@
+"""analysis/ on a real tiny multirun made by the trainer (`python -m src.train -m ...`, built-in digits data)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from analysis import load_history, load_runs
+from analysis.attention import attention_maps, cls_attention, load_model, load_test_images, main
+from analysis.report import make_report
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCHES = (2, 4)
+TINY = ["model=vit", "model.dim=32", "model.depth=2", "model.heads=2", "model.mlp_dim=64", "model.dropout=0.0",
+        "dataset=digits", "dataset.n_train=200", "trainer.max_epochs=2", "trainer.batch_size=50",
+        "trainer.precision=fp32", "trainer.progress=false", "trainer.device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("multirun")
+    cmd = [sys.executable, "-m", "src.train", "-m", f"model.patch={','.join(map(str, PATCHES))}", *TINY,
+           f"hydra.sweep.dir={out}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_load_runs_round_trips_a_real_multirun(sweep):
+    runs = load_runs(sweep)
+    assert len(runs) == 2 and list(runs["model.patch"]) == list(PATCHES)
+    assert (runs["status"] == "completed").all() and (runs["dataset.n_train"] == 200).all()
+    for row in runs.to_dict("records"):
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        for key, value in summary.items():
+            assert row.get(key, row.get(f"summary.{key}")) == pytest.approx(value), key
+        assert Path(row["run_dir"]).parent == sweep.resolve()
+    hist = load_history(sweep)
+    assert len(hist) == 4 and list(hist["epoch"]) == [1, 2, 1, 2]
+    assert list(hist["model.patch"]) == [2, 2, 4, 4]
+    last = hist[hist["epoch"] == 2].set_index("model.patch")["test_error"]
+    assert list(last) == pytest.approx(list(runs.set_index("model.patch")["test_error"]))
+
+
+def test_report_on_a_real_multirun(sweep, tmp_path):
+    files = make_report([sweep], tmp_path, n_boot=50)
+    names = {p.relative_to(tmp_path).as_posix() for p in files}
+    assert {"report.md", "tables/results.csv", "figures/results_bars.png", "figures/history.png"} <= names
+    for p in files:
+        if p.suffix == ".png":
+            with Image.open(p) as im:
+                im.verify()
+    text = (tmp_path / "report.md").read_text()
+    assert "Varied keys: `model.patch`." in text and "| 2 |" in text and "| 4 |" in text
+
+
+@pytest.mark.parametrize("patch", PATCHES)
+def test_attention_maps_of_a_trained_vit(sweep, patch):
+    run_dir = sweep / str(PATCHES.index(patch))
+    model, ckpt = load_model(run_dir)
+    x, raw, labels = load_test_images(run_dir, 4, ckpt)
+    c, h, w = ckpt["data"]["image_shape"]
+    assert x.shape == (4, c, h, w) and raw.dtype == torch.uint8 and labels.shape == (4,)
+    logits, attns = attention_maps(model, x)
+    tokens = 1 + (h // patch) * (w // patch)
+    assert len(attns) == 2 and all(a.shape == (4, 2, tokens, tokens) for a in attns)
+    for a in attns:
+        torch.testing.assert_close(a.sum(-1), torch.ones(4, 2, tokens))
+    torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-4)  # explicit attention path == SDPA path
+    assert cls_attention(attns).shape == (2, 4, 2, h // patch, w // patch)
+
+
+def test_attention_cli_writes_pngs(sweep, tmp_path, capsys):
+    main([str(sweep / "0"), "--images", "3", "--per-head", "--out", str(tmp_path)])  # in-process: no re-import
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["attention_distance.png", "cls_attention.png", "cls_attention_heads_0.png",
+                    "cls_attention_heads_1.png", "cls_attention_heads_2.png"]
+    assert capsys.readouterr().out.count(".png") == 5
+    for p in tmp_path.glob("*.png"):
+        with Image.open(p) as im:
+            im.verify()
