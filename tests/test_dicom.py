@@ -181,10 +181,10 @@ def test_cache_reused_and_rebuilt_when_a_setting_changes(tree, tmp_path, monkeyp
     calls = []
     real = mammo.preprocess
     monkeypatch.setattr(mammo, "preprocess", lambda *a, **k: calls.append(a) or real(*a, **k))
-    again = _load(root, tmp_path, n_train=10, balance="pos_weight")
+    again = _load(root, tmp_path, n_train=20, balance="pos_weight")
     assert again.info["cache_reused"] and calls == [] and again.info["cache_dir"] == first.info["cache_dir"]
-    assert len(again.y_train) == 10
-    torch_equal = (again.x_train == first.x_train[:10]).all()
+    assert len(again.y_train) == 20
+    torch_equal = (again.x_train == first.x_train[:20]).all()
     assert torch_equal and again.class_weights is not None
     n_pos, n_neg = int(again.y_train.sum()), int((again.y_train == 0).sum())
     assert again.class_weights.tolist() == pytest.approx([1.0, n_neg / n_pos])
@@ -232,3 +232,26 @@ def test_dicom_folder_with_string_labels(tree, tmp_path):
     s = mammo.load_dicom_folder(root, str(tmp_path / "labels.csv"), "file", "finding", patient_column="pid",
                                 image_size=SIZE, max_skip_fraction=0.1, cache_dir=tmp_path, workers=0, augment="none")
     assert s.classes == ["benign", "malignant"] and s.num_classes == 2 and s.info["skipped"] == 2
+
+
+def test_one_epoch_training_reports_binary_metrics(tree, tmp_path):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from src.trainer import train
+
+    root, _ = tree
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    overrides = ["dataset=rsna_mammo", f"dataset.root={root}", f"dataset.image_size={SIZE}",
+                 f"dataset.cache_dir={tmp_path}", "dataset.max_skip_fraction=0.1", "dataset.workers=0",
+                 "dataset.val_size=4", "dataset.balance=sampler", "model.patch=8", "model.dim=32", "model.depth=1",
+                 "model.heads=2", "model.mlp_dim=64", "trainer.max_epochs=1", "trainer.batch_size=8",
+                 "trainer.progress=false", "trainer.device=cpu", "trainer.precision=fp32", "trainer.checkpoint=false"]
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    train(cfg, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["dataset"] == "rsna_mammo" and summary["skipped"] == 2
+    for key in ("test_auc", "test_pf1", "test_sensitivity", "test_specificity", "test_balanced_acc", "val_error"):
+        assert 0.0 <= summary[key] <= 1.0, key

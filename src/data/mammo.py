@@ -132,7 +132,7 @@ def patient_order(patients: np.ndarray, labels: np.ndarray) -> np.ndarray:
     for s in np.unique(stratum):
         members = np.flatnonzero(stratum == s)
         ranks = np.argsort(np.argsort(h[members]))
-        position[members] = (ranks + 0.5) / len(members)
+        position[members] = (ranks + 1.0) / len(members)  # each stratum ends at 1: test holds every class
     patient_rank = np.empty(len(uniq), np.int64)
     patient_rank[np.lexsort((h, position))] = np.arange(len(uniq))
     return np.lexsort((np.arange(len(patients)), patient_rank[inv]))
@@ -288,7 +288,7 @@ def _load_rows(rows: pd.DataFrame, name: str, classes: list[str], image_size: in
     std = max(np.sqrt(max(sums[1] / n_pix - mean**2, 0.0)), 1e-3 * 255)
     splits = DataSplits(
         x_train=x[:train_end], y_train=y[:train_end], x_test=x[test_start:], y_test=y[test_start:], num_classes=k,
-        mean=(mean / 255.0,), std=(std / 255.0,), classes=list(classes),
+        mean=(float(mean / 255.0),), std=(float(std / 255.0),), classes=list(classes),
     )
     if val_start < test_start:
         splits.x_val, splits.y_val = x[val_start:test_start], y[val_start:test_start]
@@ -301,7 +301,7 @@ def _load_rows(rows: pd.DataFrame, name: str, classes: list[str], image_size: in
         splits.sample_weights = torch.from_numpy(train_end / (k * counts[y_tr])).float()
     n_patients = lambda a, b: len(np.unique(patients[a:b]))  # noqa: E731
     splits.info = {
-        "cache_dir": str(out), "cache_reused": reused, "resident": False, "rows_in_csv": n_rows,
+        "cache_dir": str(out), "cache_reused": reused, "rows_in_csv": n_rows,
         "skipped": n_skipped, "skipped_csv": str(out / "skipped.csv"), "preprocess_images_per_s": meta["images_per_s"],
         "split": "fixed patient-level split stratified by label (independent of seed)",
         "patients_train": n_patients(0, train_end), "patients_val": n_patients(val_start, test_start),
