@@ -66,7 +66,7 @@ def load_rsna(root: str | Path, image_size: int = 512, n_train: int | None = Non
     if download:
         raise ValueError("dataset.download=true: the RSNA data cannot be downloaded here; fetch it from "
                          "kaggle.com/competitions/rsna-breast-cancer-detection and set dataset.root")
-    root = Path(root)
+    root = Path(root).expanduser().absolute()  # absolute paths: one cache whatever the cwd
     table = read_table(root / csv, RSNA_COLUMNS)
     labels = _binary_labels(table["cancer"], "cancer")
     rows = pd.DataFrame({
@@ -90,7 +90,7 @@ def load_dicom_folder(root: str | Path, csv: str, file_column: str, label_column
     ``patient_column`` every file is its own group for the split."""
     if download:
         raise ValueError("dataset.download=true: a DICOM folder cannot be downloaded; set dataset.root")
-    root = Path(root)
+    root = Path(root).expanduser().absolute()  # absolute paths: one cache whatever the cwd
     required = tuple(c for c in (file_column, label_column, patient_column, laterality_column) if c)
     table = read_table(csv if Path(csv).is_absolute() else root / csv, required)
     values = table[label_column]
@@ -254,7 +254,7 @@ def _load_rows(rows: pd.DataFrame, name: str, classes: list[str], image_size: in
                max_skip_fraction: float, cache_dir: str | Path | None, workers: int) -> DataSplits:
     if balance not in BALANCE:
         raise ValueError(f"dataset.balance={balance!r} is unknown: choose one of {list(BALANCE)}")
-    if int(image_size) < 8:
+    if image_size is None or int(image_size) < 8:
         raise ValueError(f"dataset.image_size={image_size} pixels is too small")
     if (n_train is not None and n_train < 1) or (val_size or 0) < 0:
         raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive")
