@@ -21,6 +21,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from analysis.figures import save_figure  # noqa: E402
+
 
 def load_model(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """The run's model in eval mode with its trained weights, and the checkpoint dict."""
@@ -144,7 +146,7 @@ def plot_cls_grid(raw: torch.Tensor, cls: torch.Tensor, rollout: torch.Tensor, l
             _show(axes[i, layer + 1], img, cls[layer, i].mean(0).cpu().numpy(), f"layer {layer + 1} CLS attn")
         _show(axes[i, -1], img, rollout[i].cpu().numpy(), "rollout")
     fig.suptitle("CLS-token attention over the image (mean over heads) and attention rollout", fontsize=9)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_heads(raw: torch.Tensor, cls: torch.Tensor, index: int, out: Path) -> Path:
@@ -156,7 +158,7 @@ def plot_heads(raw: torch.Tensor, cls: torch.Tensor, index: int, out: Path) -> P
         for h in range(heads):
             _show(axes[layer, h], img, cls[layer, index, h].cpu().numpy(), f"layer {layer + 1} head {h + 1}")
     fig.suptitle(f"test image {index}: CLS attention per layer and head", fontsize=9)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_distance(dist: torch.Tensor, image_size: int, out: Path) -> Path:
@@ -169,15 +171,7 @@ def plot_distance(dist: torch.Tensor, image_size: int, out: Path) -> Path:
            title="mean attention distance per layer")
     ax.set_xticks(layers)
     ax.legend(fontsize=8)
-    return _save(fig, out)
-
-
-def _save(fig, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def run(run_dir: str | Path, images: int = 8, per_head: bool = False, out: str | Path | None = None,

@@ -16,8 +16,15 @@ from analysis.tables import METRICS  # noqa: E402
 
 
 def group_label(by: list[str], key) -> str:
+    """"patch=4, p=0.1"; a ``_target_`` shows as its group and class ("model=ViT")."""
     key = key if isinstance(key, tuple) else (key,)
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(by, key)) or "all runs"
+    parts = []
+    for k, v in zip(by, key):
+        if k.endswith("._target_"):
+            parts.append(f"{k.split('.')[-2]}={str(v).rsplit('.', 1)[-1]}")
+        else:
+            parts.append(f"{k.split('.')[-1]}={v}")
+    return ", ".join(parts) or "all runs"
 
 
 def _groups(df: pd.DataFrame, by: list[str]):
@@ -26,7 +33,8 @@ def _groups(df: pd.DataFrame, by: list[str]):
     return [(group_label(by, k), g) for k, g in df.groupby(by, dropna=False, sort=True)]
 
 
-def _save(fig, out: str | Path) -> Path:
+def save_figure(fig, out: str | Path) -> Path:
+    """tight_layout, write PNG (parents created), close the figure."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -52,7 +60,7 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
     ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
     ax_acc.legend(fontsize=7)
     ax_loss.legend(fontsize=7)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) -> Path:
@@ -79,7 +87,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
     ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
            title="learning curves: mean ± std over seeds, power-law fits")
     ax.legend(fontsize=7)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path) -> Path:
@@ -100,7 +108,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
         ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)",
                title=f"{split} error vs width (mean ± std over seeds)")
         ax.legend(fontsize=7)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
@@ -126,4 +134,4 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
         handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(levels))]
         ax.legend(handles, levels, title=by[-1] if by else None, fontsize=7, title_fontsize=7,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out)
+    return save_figure(fig, out)

@@ -103,7 +103,8 @@ def _offset_fit(sizes, means, boot, p0, label) -> dict:
 
 def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "test_error",
                        by: list[str] | str | None = None, seed_col: str | None = "seed", n_boot: int = 1000,
-                       offset: bool = False, status: str | None = "completed", seed: int = 0) -> pd.DataFrame:
+                       offset: bool = False, status: str | None = "completed", seed: int = 0,
+                       errors: str = "raise") -> pd.DataFrame:
     """Fit ``y = prefactor * x^alpha`` per group of ``by`` on the means over seeds.
 
     Returns one row per group: the ``by`` columns, ``alpha``, ``alpha_lo``, ``alpha_hi`` (95%
@@ -111,7 +112,8 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     ``n_seeds`` (fewest seeds at any size), ``x_min``, ``x_max``; with ``offset=True`` also the fit
     of ``y = offset_prefactor * x^offset_alpha + offset`` and its CIs (``offset_lo``, ``offset_hi``,
     ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not ``status`` are excluded
-    (pass None to keep all). Each run at a size counts as one seed; runs repeating a
+    (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
+    ``errors="skip"`` is left out with a warning. Each run at a size counts as one seed; runs repeating a
     (size, ``seed_col``) pair are averaged first.
     """
     by = [by] if isinstance(by, str) else list(by or [])
@@ -133,12 +135,17 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
             g = g.groupby([x, seed_col], as_index=False)[y].mean()
         per_size = {n: grp[y].to_numpy(float) for n, grp in g.groupby(x)}
         if len(per_size) < 3:
-            raise ValueError(f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
-                             f"got {len(per_size)} ({sorted(per_size)})")
+            msg = f"{label}: a power-law fit needs >= 3 distinct values of {x}, got {len(per_size)} ({sorted(per_size)})"
+            if errors == "skip":
+                warnings.warn(msg + "; group skipped", stacklevel=2)
+                continue
+            raise ValueError(msg)
         sizes = np.array(sorted(per_size), dtype=float)
         fit = _group_fit(sizes, [per_size[n] for n in sorted(per_size)], n_boot, offset, rng, label)
         rows.append({**dict(zip(by, key)), **fit})
     order = ["alpha", "alpha_lo", "alpha_hi", "prefactor", "r2", "n_points", "n_seeds", "x_min", "x_max"]
+    if not rows:
+        raise ValueError(f"no group has >= 3 distinct values of {x}")
     out = pd.DataFrame(rows)
     out = out[[*by, *order, *[c for c in out.columns if c not in order and c not in by]]]
     out.attrs.update(x=x, y=y, by=by)

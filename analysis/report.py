@@ -100,7 +100,8 @@ def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            fits = fit_learning_curve(runs, x=x, y="test_error", by=by, n_boot=n_boot, offset=sizes >= 4)
+            fits = fit_learning_curve(runs, x=x, y="test_error", by=by, n_boot=n_boot, offset=sizes >= 4,
+                                      errors="skip")
     except ValueError as e:
         rep.add(f"No fit: {e}", "")
         return

@@ -98,9 +98,14 @@ def test_fit_groups_and_excludes_unfinished(tmp_path, capsys):
 
 
 def test_fit_needs_three_sizes(tmp_path):
-    runs = load_runs(power_law_sweep(tmp_path, sizes=[100, 200], seeds=2))
+    power_law_sweep(tmp_path / "few", sizes=[100, 200], seeds=2, patch=2)
+    runs = load_runs(tmp_path / "few")
     with pytest.raises(ValueError, match="needs >= 3 distinct values of dataset.n_train"):
         fit_learning_curve(runs)
+    power_law_sweep(tmp_path / "many", sizes=SIZES[:4], seeds=2, patch=4)
+    with pytest.warns(UserWarning, match="patch=2: a power-law fit needs >= 3.*skipped"):
+        fits = fit_learning_curve(load_runs(tmp_path), by="model.patch", n_boot=50, errors="skip")
+    assert list(fits["model.patch"]) == [4]
 
 
 def test_missing_column_lists_close_names(tmp_path):
