@@ -1,0 +1,1 @@
+"""vitsweep: Vision Transformer vs CNN studies driven by Hydra configs."""

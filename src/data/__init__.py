@@ -1,0 +1,110 @@
+"""Dataset building: raw arrays -> uint8 NCHW tensors, resize, seeded stratified subsets and splits."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.model_selection import train_test_split
+
+from src.data.sources import load_arrays, load_digits_arrays, synthetic_arrays, TORCHVISION
+from src.data.splits import DataSplits
+
+__all__ = ["DataSplits", "build_data", "stratified_subset", "DATASETS"]
+DATASETS = ("digits", "synthetic", *TORCHVISION, "rsna_mammo", "dicom_folder")
+
+
+def to_nchw(x: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W) or (N, H, W, C) -> contiguous uint8 tensor (N, C, H, W)."""
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.uint8))
+    t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+    return t.contiguous()
+
+
+def resize_uint8(x: torch.Tensor, size: int, chunk: int = 4096) -> torch.Tensor:
+    """Bilinear (antialiased) resize of a uint8 NCHW tensor to size x size, in chunks to bound memory."""
+    if x.shape[-2:] == (size, size):
+        return x
+    out = torch.empty((x.shape[0], x.shape[1], size, size), dtype=torch.uint8)
+    for i in range(0, x.shape[0], chunk):
+        y = F.interpolate(x[i:i + chunk].float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out[i:i + chunk] = y.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def channel_stats(x: torch.Tensor, max_images: int = 10_000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std in [0, 1] units over (an evenly spaced subset of) uint8 NCHW images."""
+    step = max(1, x.shape[0] // max_images)
+    sample = x[::step].float() / 255.0
+    return sample.mean(dim=(0, 2, 3)), sample.std(dim=(0, 2, 3)).clamp_min(1e-3)
+
+
+def stratified_subset(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split indices of ``labels`` into (chosen ``size`` indices, rest), class-stratified and seeded."""
+    idx = np.arange(len(labels))
+    if size >= len(labels):
+        return idx, idx[:0]
+    counts = np.bincount(labels)
+    can_stratify = size >= (counts > 0).sum() and len(labels) - size >= (counts > 0).sum() and counts[counts > 0].min() >= 2
+    chosen, rest = train_test_split(idx, train_size=size, random_state=seed, stratify=labels if can_stratify else None)
+    return np.sort(chosen), np.sort(rest)
+
+
+def _raw_arrays(cfg: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+    name = cfg["name"]
+    if name == "digits":
+        return load_digits_arrays()
+    if name == "synthetic":
+        return synthetic_arrays(cfg["num_train"], cfg["num_test"], cfg["image_size"], cfg["channels"],
+                                cfg["num_classes"], seed)
+    if name in TORCHVISION:
+        return load_arrays(name, cfg.get("root"), bool(cfg.get("download", False)))
+    raise ValueError(f"dataset.name={name!r} is unknown: choose one of {list(DATASETS)}")
+
+
+def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
+    """Build the train/val/test splits described by the ``dataset`` config group."""
+    cfg = dict(cfg)
+    if cfg["name"] in ("rsna_mammo", "dicom_folder"):
+        from src.data import mammo  # optional extra: pydicom and its decoders
+
+        loader = mammo.load_rsna if cfg["name"] == "rsna_mammo" else mammo.load_dicom_folder
+        kwargs = {k: v for k, v in cfg.items() if k not in ("name", "augment")}
+        return loader(**kwargs, seed=seed)
+
+    arrays = _raw_arrays(cfg, seed)
+    x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
+    y_train = torch.as_tensor(np.asarray(arrays["y_train"]), dtype=torch.int64)
+    y_test = torch.as_tensor(np.asarray(arrays["y_test"]), dtype=torch.int64)
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+
+    n_total, n_train, val_size = len(y_train), cfg.get("n_train"), int(cfg.get("val_size") or 0)
+    if val_size < 0 or (n_train is not None and n_train < 1):
+        raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive (n_train may be null)")
+    if (n_train or 0) + val_size > n_total or val_size >= n_total:
+        raise ValueError(
+            f"dataset.n_train={n_train} + dataset.val_size={val_size} exceeds the {n_total} training images of "
+            f"dataset={cfg['name']}: lower one of them (n_train=null uses all images left after the val split)"
+        )
+    labels = y_train.numpy()
+    rest, val_idx = np.arange(n_total), None
+    if val_size:
+        rest, val_idx = stratified_subset(labels, n_total - val_size, seed)
+    if n_train is not None:
+        rest = rest[stratified_subset(labels[rest], n_train, seed)[0]]
+
+    size = cfg.get("image_size")
+    if size is not None:
+        x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
+    x_tr = x_train[torch.from_numpy(rest)]
+    mean, std = channel_stats(x_tr)
+    splits = DataSplits(
+        x_train=x_tr, y_train=y_train[torch.from_numpy(rest)], x_test=x_test, y_test=y_test,
+        num_classes=num_classes, mean=tuple(mean.tolist()), std=tuple(std.tolist()),
+        classes=[str(c) for c in arrays.get("classes", range(num_classes))],
+    )
+    if val_idx is not None:
+        splits.x_val, splits.y_val = x_train[torch.from_numpy(val_idx)], y_train[torch.from_numpy(val_idx)]
+    return splits

@@ -1,0 +1,130 @@
+"""Raw image sources: each returns uint8 arrays (N, H, W) or (N, H, W, C) and int labels.
+
+Accepted layouts for ``dataset.root`` (mnist, fashion_mnist, cifar10):
+  1. an ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8, HWC or HW),
+  2. a folder tree ``train/<class>/*.png|jpg`` and ``test/<class>/*.png|jpg``,
+  3. torchvision's own layout under ``root`` (``download=true`` fetches it; needs internet).
+The first load of 1-3 writes a uint8 tensor cache (``.vitsweep-<name>.pt``) next to the data, or
+under ``~/.cache/vitsweep`` when that folder is read-only, so later runs load in about a second.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import torch
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
+TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
+Arrays = dict[str, np.ndarray]
+
+
+def load_digits_arrays() -> Arrays:
+    """scikit-learn's bundled 8x8 digits (values 0..16) as uint8 0..255, fixed stratified 80/20 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.2, stratify=d.target, random_state=0)
+    return {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te,
+            "classes": np.array([str(i) for i in range(10)])}
+
+
+def synthetic_arrays(num_train: int, num_test: int, image_size: int, channels: int, num_classes: int,
+                     seed: int = 0) -> Arrays:
+    g = np.random.default_rng(seed)
+    shape = (image_size, image_size, channels)
+    return {"x_train": g.integers(0, 256, (num_train, *shape), dtype=np.uint8),
+            "y_train": g.integers(0, num_classes, num_train), "x_test": g.integers(0, 256, (num_test, *shape), dtype=np.uint8),
+            "y_test": g.integers(0, num_classes, num_test), "classes": np.array([str(i) for i in range(num_classes)])}
+
+
+def _from_npz(path: Path) -> Arrays:
+    with np.load(path, allow_pickle=False) as z:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(z.files)
+        if missing:
+            raise ValueError(f"dataset.root={path} lacks arrays {sorted(missing)}: an .npz needs x_train, y_train, x_test, y_test")
+        out = {k: z[k] for k in z.files}
+    return out
+
+
+def _from_folder(root: Path) -> Arrays:
+    from PIL import Image
+
+    classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
+    out: Arrays = {"classes": np.array(classes)}
+    for split in ("train", "test"):
+        xs, ys = [], []
+        for label, cls in enumerate(classes):
+            for f in sorted((root / split / cls).glob("*")):
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    xs.append(np.asarray(Image.open(f)))
+                    ys.append(label)
+        if not xs:
+            raise ValueError(f"dataset.root={root}: no images under {root / split}/<class>/")
+        out[f"x_{split}"], out[f"y_{split}"] = np.stack(xs), np.array(ys)
+    return out
+
+
+def _from_torchvision(name: str, root: Path, download: bool) -> Arrays:
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, TORCHVISION[name])
+    out: Arrays = {}
+    for split, train in (("train", True), ("test", False)):
+        ds = cls(str(root), train=train, download=download)
+        data = ds.data.numpy() if torch.is_tensor(ds.data) else np.asarray(ds.data)
+        out[f"x_{split}"], out[f"y_{split}"] = data.astype(np.uint8), np.asarray(ds.targets)
+    out["classes"] = np.array(ds.classes)
+    return out
+
+
+def _layout_error(name: str, root: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"dataset.root={root} holds no {name} data. Accepted: an .npz file with x_train/y_train/x_test/y_test "
+        f"(e.g. dataset.root=../shared/data/{name}.npz), a folder with train/<class>/*.png and test/<class>/*.png, "
+        f"or torchvision's {TORCHVISION[name]} layout. dataset.download=true fetches the latter, which needs internet."
+    )
+
+
+def _cache_path(source: Path, name: str) -> Path:
+    st = source.stat()
+    key = hashlib.sha1(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    beside = (source.parent if source.is_file() else source) / f".vitsweep-{name}-{key}.pt"
+    if os.access(beside.parent, os.W_OK) and beside.parent.stat().st_mode & stat.S_IWUSR:  # root ignores modes
+        return beside
+    return Path(os.environ.get("VITSWEEP_CACHE", Path.home() / ".cache" / "vitsweep")) / beside.name
+
+
+def load_arrays(name: str, root: str | os.PathLike | None, download: bool = False) -> Arrays:
+    """Load one of the file-backed datasets from any accepted layout, through the tensor cache."""
+    if root is None:
+        raise ValueError(f"dataset.root is required for dataset={name}")
+    root = Path(root).expanduser()
+    if root.is_dir() and (root / "train").is_dir():
+        loader = lambda: _from_folder(root)  # noqa: E731
+    elif root.is_file() and root.suffix == ".npz":
+        loader = lambda: _from_npz(root)  # noqa: E731
+    elif root.is_file():
+        raise _layout_error(name, root)
+    else:
+        if not root.exists() and not download:
+            raise _layout_error(name, root)
+        try:
+            return _from_torchvision(name, root, download)
+        except RuntimeError as e:  # torchvision: "Dataset not found. You can use download=True"
+            raise _layout_error(name, root) from e
+    cache = _cache_path(root, name)
+    if cache.is_file():
+        return {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in torch.load(cache, weights_only=True, mmap=True).items()}
+    arrays = loader()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    torch.save({k: list(map(str, v)) if v.dtype.kind in "US" else torch.from_numpy(np.ascontiguousarray(v))
+                for k, v in arrays.items()}, tmp)
+    os.replace(tmp, cache)
+    return arrays

@@ -1,0 +1,1 @@
+"""Model families. Each constructor takes explicit keyword arguments (no config objects)."""

@@ -1,0 +1,104 @@
+"""Vision Transformer (CLS token, learned positions, pre-norm blocks) and its hybrid CNN-stem variant."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from src.models.layers import Block, PatchEmbed
+
+
+def check_vit_shape(image_size: int, patch: int, dim: int, heads: int) -> None:
+    """Fail early, naming the config key, for shapes the ViT cannot take."""
+    if patch < 1 or image_size % patch:
+        raise ValueError(
+            f"model.patch={patch} does not divide the image size {image_size}: choose a patch size "
+            f"that divides it (e.g. {[p for p in (1, 2, 4, 7, 8, 14, 16, 32) if image_size % p == 0]}) "
+            f"or set dataset.image_size to a multiple of {patch}"
+        )
+    if heads < 1 or dim % heads:
+        raise ValueError(
+            f"model.heads={heads} does not divide model.dim={dim}: the head size is dim // heads, "
+            f"so choose heads from {[h for h in range(1, dim + 1) if dim % h == 0 and h <= 64]}"
+        )
+
+
+class ViT(nn.Module):
+    """ViT classifier. ``forward(x, return_attn=True)`` returns ``(logits, [attn per layer])``,
+    each attention map (B, heads, T, T) with T = 1 + num_patches and the CLS token first."""
+
+    no_weight_decay = ("pos_embed", "cls_token")  # plus every bias and norm weight (ndim < 2)
+
+    def __init__(
+        self,
+        image_size: int,
+        in_channels: int,
+        num_classes: int,
+        patch: int = 4,
+        dim: int = 256,
+        depth: int = 6,
+        heads: int = 8,
+        mlp_dim: int = 512,
+        dropout: float = 0.0,
+        stem: nn.Module | None = None,
+        stem_channels: int | None = None,
+        stem_stride: int = 1,
+    ):
+        super().__init__()
+        grid_input = image_size // stem_stride
+        check_vit_shape(grid_input, patch, dim, heads)
+        self.patch_size = patch * stem_stride  # pixels per token side in the input image
+        self.stem = stem if stem is not None else nn.Identity()
+        self.patch_embed = PatchEmbed(stem_channels or in_channels, dim, patch)
+        num_patches = (grid_input // patch) ** 2
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, dim))
+        self.pos_drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, dropout) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor, return_attn: bool = False):
+        x = self.patch_embed(self.stem(x))  # (B, T-1, dim)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = self.pos_drop(torch.cat([cls, x], dim=1) + self.pos_embed)  # (B, T, dim)
+        attns = []
+        for block in self.blocks:
+            x, attn = block(x, return_attn)
+            attns.append(attn)
+        logits = self.head(self.norm(x[:, 0]))
+        return (logits, attns) if return_attn else logits
+
+
+def conv_stem(in_channels: int, channels: int, stride: int) -> nn.Sequential:
+    """3x3 conv-BN-ReLU layers; each halving step is a stride-2 conv, so total stride = ``stride``."""
+    if stride not in (1, 2, 4, 8):
+        raise ValueError(f"model.stem_stride={stride} must be 1, 2, 4 or 8")
+    layers, c_in, s = [], in_channels, 1
+    widths = [channels // 2] * max(1, stride.bit_length() - 1) + [channels]
+    for i, c_out in enumerate(widths):
+        step = 2 if s < stride else 1
+        layers += [nn.Conv2d(c_in, c_out, 3, step, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+        c_in, s = c_out, s * step
+    return nn.Sequential(*layers)
+
+
+def HybridViT(image_size: int, in_channels: int, num_classes: int, stem_channels: int = 64,
+              stem_stride: int = 4, **vit_kwargs) -> ViT:
+    """A ViT whose tokens are the cells of a small CNN's feature map (patch 1 on that map)."""
+    if image_size % stem_stride:
+        raise ValueError(f"model.stem_stride={stem_stride} does not divide the image size {image_size}")
+    stem = conv_stem(in_channels, stem_channels, stem_stride)
+    return ViT(image_size, in_channels, num_classes, patch=1, stem=stem, stem_channels=stem_channels,
+               stem_stride=stem_stride, **vit_kwargs)

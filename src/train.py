@@ -1,0 +1,35 @@
+"""Entry point: ``python -m src.train [overrides]`` (``-m`` for a multirun sweep).
+
+Composes the config with Hydra, hands it to the trainer, and returns the sweep objective.
+"""
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from src.trainer import train
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    run_dir = HydraConfig.get().runtime.output_dir
+    reporter = None
+    if cfg.get("trial"):  # an Optuna trial started by the vitsweep sweeper: report for pruning
+        from src.trial import make_reporter
+
+        reporter = make_reporter(cfg)
+    objective = train(cfg, run_dir, reporter)
+    if reporter is not None:
+        import json
+        from pathlib import Path
+
+        import optuna
+
+        if json.loads((Path(run_dir) / "summary.json").read_text())["stop_reason"] == "pruned":
+            raise optuna.TrialPruned(f"pruned at the objective {objective}")
+    return objective
+
+
+if __name__ == "__main__":
+    main()
