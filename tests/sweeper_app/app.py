@@ -1,0 +1,50 @@
+"""A Hydra task for the sweeper tests, shaped like src/train.py: it reports a decreasing curve
+through src.trial.make_reporter, writes metrics.jsonl and summary.json, and raises TrialPruned
+after the records are written when the pruner stops it."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import hydra
+import optuna
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from src.trial import make_reporter
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig):
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.fail:
+        raise RuntimeError("planted failure")
+    reporter = make_reporter(cfg)
+    final = cfg.x**2 + cfg.y**2 + (100.0 if cfg.bad else 0.0)
+    stop_reason = "max_epochs"
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        for epoch in range(cfg.epochs):
+            value = final + (cfg.epochs - 1 - epoch)  # reaches `final` at the last epoch
+            fh.write(json.dumps({"epoch": epoch, "objective": value}) + "\n")
+            fh.flush()
+            time.sleep(cfg.sleep_s)
+            if reporter is not None and reporter(value, epoch):
+                stop_reason = "pruned"
+                break
+    summary = {"status": "stopped" if stop_reason == "pruned" else "completed", "stop_reason": stop_reason,
+               "epochs": epoch + 1, "objective": final}
+    if "trial" in cfg:
+        summary.update(study_name=cfg.trial.study_name, trial_number=cfg.trial.number)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    if stop_reason == "pruned":
+        raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+    if cfg.nan:
+        return math.nan
+    if cfg.objectives == 2:
+        return final, (cfg.x - 2) ** 2 + (cfg.y - 2) ** 2
+    return final
+
+
+if __name__ == "__main__":
+    main()

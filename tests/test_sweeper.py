@@ -1,0 +1,376 @@
+"""The vitsweep Hydra sweeper, end to end through tests/sweeper_app (a tiny Hydra task)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "tests" / "sweeper_app" / "app.py"
+
+
+def run(args, cwd, check=True, env=None, timeout=300):
+    """Run a Hydra command line in a subprocess; the repo root is importable as in an install."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def sweep(tmp_path, *overrides, check=True):
+    return run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *overrides], cwd=tmp_path, check=check)
+
+
+def load(tmp_path, name="app"):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+
+
+def test_discovered_from_another_cwd(tmp_path):
+    """The installed project (editable, compat mode) exposes the plugin to any working directory."""
+    code = (
+        "from hydra import compose, initialize_config_dir\n"
+        f"with initialize_config_dir(config_dir={str(APP.parent / 'conf')!r}, version_base='1.3'):\n"
+        "    cfg = compose('config', overrides=['hydra/sweeper=vitsweep'], return_hydra_config=True)\n"
+        "print(cfg.hydra.sweeper._target_, cfg.hydra.sweeper.sampler._target_)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "VitsweepSweeper optuna.samplers.TPESampler" in proc.stdout
+
+
+def test_pruning_stops_bad_trials_and_their_run_dirs_say_so(tmp_path):
+    sweep(tmp_path, "x=choice(0,1)", "bad=choice(true,false)", "y=choice(0,1)", "epochs=4",
+          "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=0",
+          "hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=2", "hydra.sweeper.n_trials=8")
+    study = load(tmp_path)
+    pruned = study.get_trials(states=(TrialState.PRUNED,))
+    assert len(study.trials) == 8
+    assert any(t.params["bad"] for t in pruned), [(t.params, t.state) for t in study.trials]
+    for t in pruned:
+        run_dir = Path(t.user_attrs["run_dir"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stop_reason"] == "pruned" and summary["trial_number"] == t.number
+        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == len(t.intermediate_values) < 4
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        assert sorted(t.intermediate_values) == [0, 1, 2, 3]
+
+
+def test_two_workers_share_one_storage(tmp_path):
+    proc = sweep(tmp_path, "x=interval(-2,2)", "y=interval(-2,2)", "sleep_s=0.2",
+                 "hydra.sweeper.n_trials=8", "hydra.sweeper.n_workers=2", "hydra.sweeper.sampler.seed=0")
+    study = load(tmp_path)
+    assert sorted(t.number for t in study.trials) == list(range(8))
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert len({t.system_attrs["vitsweep:worker"] for t in study.trials}) == 2
+    assert len({(t.params["x"], t.params["y"]) for t in study.trials}) == 8
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == list(range(8))
+    assert "[  8/8]" in proc.stderr + proc.stdout
+
+
+def test_resume_finishes_the_budget_without_repeats(tmp_path):
+    args = ["x=interval(-2,2)", "y=interval(-2,2)", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0"]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=3")
+    first = [t.params for t in load(tmp_path).trials]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=6")
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=6")  # budget already spent: adds nothing
+    trials = load(tmp_path).trials
+    assert [t.number for t in trials] == list(range(6))
+    assert [t.params for t in trials[:3]] == first
+    assert len({(t.params["x"], t.params["y"]) for t in trials}) == 6  # no replayed start-up points
+
+
+def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
+    sweep(tmp_path, "fail=choice(true,false)", "nan=choice(true,false)", "hydra/sweeper/sampler=grid",
+          "hydra.sweeper.n_trials=4", "hydra.sweeper.max_failure_rate=0.8")
+    trials = load(tmp_path).trials
+    assert len(trials) == 4
+    states = {(t.params["fail"], t.params["nan"]): t for t in trials}
+    assert states[(False, False)].state == TrialState.COMPLETE
+    assert states[(True, False)].state == TrialState.FAIL
+    assert "RuntimeError: planted failure" in states[(True, False)].user_attrs["error"]
+    assert "non-finite" in states[(False, True)].user_attrs["error"]
+
+
+def test_failures_beyond_max_failure_rate_stop_the_study(tmp_path):
+    proc = sweep(tmp_path, "fail=true", "x=interval(0,1)", "hydra.sweeper.n_trials=5", check=False)
+    assert proc.returncode != 0
+    assert "hydra.sweeper.max_failure_rate" in proc.stderr
+    assert len(load(tmp_path).trials) == 1
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("hydra.sweeper.sampler=nope", "hydra.sweeper.sampler"),
+        ("hydra.sweeper.pruner=nope", "hydra.sweeper.pruner"),
+        ("+hydra.sweeper.params.y='choice(1,'", "hydra.sweeper.params.y"),
+        ("+hydra.sweeper.params.y='range(3,1)'", "hydra.sweeper.params.y"),
+        ("hydra.sweeper.storage='sqlite:////nonexistent/dir/x.db'", "hydra.sweeper.storage"),
+        ("hydra.sweeper.n_workers=0", "hydra.sweeper.n_workers"),
+        ("hydra.sweeper.direction=sideways", "hydra.sweeper.direction"),
+    ],
+)
+def test_bad_input_fails_before_any_trial(tmp_path, override, key):
+    proc = sweep(tmp_path, "x=interval(0,1)", override, check=False)
+    assert proc.returncode != 0
+    assert key in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "0").exists()
+
+
+def test_direction_count_mismatch_names_the_key(tmp_path):
+    proc = sweep(tmp_path, "x=interval(0,1)", "hydra.sweeper.direction=[minimize,minimize]",
+                 "hydra.sweeper.max_failure_rate=1.0", check=False)
+    assert proc.returncode != 0
+    assert "hydra.sweeper.direction has 2 entries but the task returned 1" in proc.stderr
+    assert len(load(tmp_path).trials) == 1
+
+
+# hydra-optuna-sweeper 1.2's documented examples (plugins/hydra_optuna_sweeper/example in
+# facebookresearch/hydra, website/versioned_docs/version-1.3/plugins/optuna_sweeper.md), with the
+# sweeper name in the defaults list changed from `optuna` to `vitsweep` and nothing else.
+SPHERE_CONFIG = """\
+defaults:
+  - override hydra/sweeper: optuna
+  - override hydra/sweeper/sampler: tpe
+
+hydra:
+  sweeper:
+    sampler:
+      seed: 123
+    direction: minimize
+    study_name: sphere
+    storage: null
+    n_trials: 20
+    n_jobs: 1
+    params:
+      x: range(-5.5, 5.5, step=0.5)
+      y: choice(-5 ,0 ,5)
+
+x: 1
+y: 1
+z: 1
+"""
+SPHERE_PY = """\
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def sphere(cfg: DictConfig) -> float:
+    x: float = cfg.x
+    y: float = cfg.y
+    return x**2 + y**2
+
+
+if __name__ == "__main__":
+    sphere()
+"""
+CUSTOM_CONFIG = """\
+defaults:
+  - override hydra/sweeper: optuna
+
+hydra:
+  sweeper:
+    sampler:
+      seed: 123
+    direction: minimize
+    study_name: custom-search-space
+    storage: null
+    n_trials: 20
+    n_jobs: 1
+
+    params:
+      x: range(-5.5, 5.5, 0.5)
+      y: choice(-5, 0, 5)
+    # `custom_search_space` should be a dotpath pointing to a
+    # callable that provides search-space configuration logic:
+    custom_search_space: .custom-search-space-objective.configure
+
+x: 1
+y: 1
+z: 100
+max_z_difference_from_x: 0.5
+"""
+CUSTOM_PY = """\
+import hydra
+from omegaconf import DictConfig
+from optuna.trial import Trial
+
+
+@hydra.main(config_path="custom-search-space", config_name="config")
+def multi_dimensional_sphere(cfg: DictConfig) -> float:
+    w: float = cfg.w
+    x: float = cfg.x
+    y: float = cfg.y
+    z: float = cfg.z
+    return w**2 + x**2 + y**2 + z**2
+
+
+def configure(cfg: DictConfig, trial: Trial) -> None:
+    x_value = trial.params["x"]
+    trial.suggest_float(
+        "z",
+        x_value - cfg.max_z_difference_from_x,
+        x_value + cfg.max_z_difference_from_x,
+    )
+    trial.suggest_float("+w", 0.0, 1.0)  # note +w here, not w as w is a new parameter
+
+
+if __name__ == "__main__":
+    multi_dimensional_sphere()
+"""
+MO_CONFIG = """\
+defaults:
+  - override hydra/sweeper: optuna
+  - override hydra/sweeper/sampler: nsgaii
+
+hydra:
+  sweeper:
+    sampler:
+      seed: 123
+    direction: [minimize, minimize]
+    study_name: multi-objective
+    storage: null
+    n_trials: 20
+    n_jobs: 1
+    params:
+      x: range(0, 5, step=0.5)
+      y: range(0, 3, step=0.5)
+
+x: 1
+y: 1
+"""
+MO_PY = """\
+from typing import Tuple
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(config_path="multi-objective-conf", config_name="config")
+def binh_and_korn(cfg: DictConfig) -> Tuple[float, float]:
+    x: float = cfg.x
+    y: float = cfg.y
+
+    v0 = 4 * x**2 + 4 * y**2
+    v1 = (x - 5) ** 2 + (y - 5) ** 2
+    return v0, v1
+
+
+if __name__ == "__main__":
+    binh_and_korn()
+"""
+
+
+def _example(tmp_path, script, py, conf_dir, config):
+    (tmp_path / conf_dir).mkdir()
+    (tmp_path / conf_dir / "config.yaml").write_text(config.replace("hydra/sweeper: optuna", "hydra/sweeper: vitsweep"))
+    (tmp_path / script).write_text(py)
+    run([script, "--multirun", f"hydra.sweep.dir={tmp_path / 'out'}"], cwd=tmp_path)
+    return (tmp_path / "out" / "optimization_results.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_hydra_optuna_sweeper_sphere_example_runs_unchanged(tmp_path):
+    import yaml
+
+    results = yaml.safe_load(_example(tmp_path, "sphere.py", SPHERE_PY, "conf", SPHERE_CONFIG))
+    assert results["name"] == "optuna" and results["states"] == {"COMPLETE": 20}
+    assert results["best_value"] <= 2.0  # near the bowl's bottom
+    assert results["best_params"]["x"] % 0.5 == 0 and results["best_params"]["y"] in (-5, 0, 5)
+
+
+@pytest.mark.slow
+def test_hydra_optuna_sweeper_custom_search_space_example_runs_unchanged(tmp_path):
+    import yaml
+
+    results = yaml.safe_load(_example(tmp_path, "custom-search-space-objective.py", CUSTOM_PY,
+                                      "custom-search-space", CUSTOM_CONFIG))
+    best = results["best_params"]
+    assert abs(best["x"] - best["z"]) <= 0.5 and 0 <= best["+w"] <= 1
+
+
+def test_multi_objective_example_returns_a_pareto_front(tmp_path):
+    import yaml
+
+    results = yaml.safe_load(_example(tmp_path, "multi-objective.py", MO_PY, "multi-objective-conf", MO_CONFIG))
+    front = [s["values"] for s in results["solutions"]]
+    assert len(front) >= 2
+    for a in front:
+        for b in front:
+            assert not (all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b)))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_optuna_dashboard_lists_the_study_with_intermediate_values(tmp_path):
+    pytest.importorskip("optuna_dashboard")
+    sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3")
+    port = _free_port()
+    exe = Path(sys.executable).with_name("optuna-dashboard")
+    server = subprocess.Popen([str(exe), f"sqlite:///{tmp_path}/optuna.db", "--host", "127.0.0.1",
+                               "--port", str(port), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("optuna-dashboard did not answer: " + server.stderr.read1().decode())
+        (summary,) = [s for s in studies["study_summaries"] if s["study_name"] == "app"]
+        detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{summary['study_id']}", timeout=10))
+        assert len(detail["trials"]) == 3
+        assert all(len(t["intermediate_values"]) == 3 for t in detail["trials"])
+        assert all(any(a["key"] == "run_dir" for a in t["user_attrs"]) for t in detail["trials"])
+    finally:
+        server.terminate()
+        server.wait()
+
+
+SHRINK = ["dataset=digits", "dataset.n_train=200", "dataset.val_size=0", "trainer.max_epochs=1",
+          "trainer.progress=false", "trainer.checkpoint=false", "trainer.precision=fp32",
+          "hydra.sweeper.n_trials=2"]
+SWEEP_FILES = sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SWEEP_FILES)
+def test_sweep_file_runs_shrunk(tmp_path, name):
+    if not (ROOT / "src" / "trainer.py").exists():
+        pytest.skip("the trainer is not there yet")
+    extra = {"tune_vit": ["dataset.val_size=100", "model.patch=8", "model.depth=1"],
+             "patch_size": ["model.dim=32", "model.mlp_dim=64", "model.depth=1"],
+             "double_descent_vit": ["model.depth=1"],
+             "mnist_vit": ["dataset.image_size=16"]}.get(name, [])
+    proc = run(["-m", "src.sweep", name, *SHRINK, *extra, f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
+    assert f"+sweeps={name}" in proc.stdout
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    for t in study.trials:
+        summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        assert summary["trial_number"] == t.number and summary["study_name"] == name
+
+
+def test_sweep_cli_lists_studies_and_rejects_unknown_names():
+    proc = run(["-m", "src.sweep", "--help"], cwd=ROOT)
+    assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 7
+    proc = run(["-m", "src.sweep", "nope"], cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "available: double_descent_cnn" in proc.stderr
