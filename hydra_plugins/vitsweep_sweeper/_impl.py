@@ -145,6 +145,15 @@ class SweeperImpl:
         self.storage.set_study_system_attr(
             study._study_id, st.PRUNER_ATTR, OmegaConf.to_container(self.pruner_node, resolve=True)
         )
+        if self.worker_id == 0:
+            before = study.user_attrs.get("fixed_overrides")
+            if before is None:
+                study.set_user_attr("fixed_overrides", self.fixed)
+            elif before != self.fixed:
+                log.warning(
+                    f"Resuming study {self.name!r} with other fixed overrides than it was started with: "
+                    f"{before} -> {self.fixed}; use another hydra.sweeper.study_name for a different study"
+                )
         return study
 
     # ------------------------------------------------------------------ sweep

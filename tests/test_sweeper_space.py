@@ -1,0 +1,52 @@
+"""Hydra sweep grammar -> Optuna distributions (the parts a sweep file relies on)."""
+
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from hydra_plugins.vitsweep_sweeper._search_space import SearchSpaceError, from_legacy, grid, parse
+from hydra_plugins.vitsweep_sweeper._study import worker_seed
+
+
+def test_grammar_maps_to_the_values_hydra_would_sweep():
+    space, fixed = parse(
+        {"a": "choice(2, 4, 8)", "b": "range(2, 9)", "c": "tag(log, interval(1e-4, 3e-3))",
+         "d": "interval(0.0, 0.3)", "e": "range(-5.5, 5.5, 0.5)", "f": "1,2"},
+        ["g=3", "a=4"],  # the command line fixes `a`
+    )
+    assert fixed == {"g": "3", "a": "4"}
+    assert space["b"] == IntDistribution(2, 8)  # range's stop is excluded, as in Hydra
+    assert space["c"] == FloatDistribution(1e-4, 3e-3, log=True)
+    assert space["d"] == FloatDistribution(0.0, 0.3)
+    assert space["e"] == FloatDistribution(-5.5, 5.0, step=0.5)
+    assert space["f"] == CategoricalDistribution([1, 2])
+    assert grid({"e": space["e"]})["e"] == [-5.5 + 0.5 * i for i in range(22)]
+
+
+@pytest.mark.parametrize("expr", ["choice(1,", "range(3, 1)", "glob(*)"])
+def test_malformed_expressions_name_the_key(expr):
+    with pytest.raises(SearchSpaceError, match="hydra.sweeper.params.x"):
+        parse({"x": expr}, [])
+
+
+def test_grid_rejects_continuous_intervals():
+    space, _ = parse({"x": "interval(0, 1.5)"}, [])
+    with pytest.raises(SearchSpaceError, match="hydra.sweeper.params.x"):
+        grid(space)
+
+
+def test_legacy_search_space_node_converts():
+    params = from_legacy({
+        "lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+        "bs": {"type": "categorical", "choices": [32, 64]},
+        "n": {"type": "int", "low": 1, "high": 9, "step": 2},
+    })
+    space, _ = parse(params, [])
+    assert space == {"lr": FloatDistribution(1e-4, 1e-1, log=True), "bs": CategoricalDistribution([32, 64]),
+                     "n": IntDistribution(1, 9, step=2)}
+
+
+def test_seed_is_kept_for_a_fresh_run_and_moved_for_resumes_and_workers():
+    assert worker_seed(123, 0, 0) == 123
+    seeds = {worker_seed(123, 0, 1), worker_seed(123, 5, 0), worker_seed(123, 5, 1)}
+    assert len(seeds) == 3 and 123 not in seeds
+    assert worker_seed(None, 5, 1) is None
