@@ -37,6 +37,7 @@ class RunRecorder:
         for stale in ("summary.json", "metrics.jsonl", "checkpoint.pt"):  # a rerun into the same dir starts clean
             (self.dir / stale).unlink(missing_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
+        self.metrics_path.touch()  # exists (maybe empty) from the start of every run
 
     def log(self, row: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:

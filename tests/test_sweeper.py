@@ -360,7 +360,17 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
              "patch_size": ["model.dim=32", "model.mlp_dim=64", "model.depth=1"],
              "double_descent_vit": ["model.depth=1"],
              "mnist_vit": ["dataset.image_size=16"]}.get(name, [])
-    proc = run(["-m", "src.sweep", name, *SHRINK, *extra, f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
+    shrink = SHRINK
+    if name == "rsna_patch_size":  # a small synthetic RSNA tree instead of digits
+        from tests.dicom_fixtures import make_rsna_tree
+
+        make_rsna_tree(tmp_path / "rsna", n_patients=12, positives=(1, 5, 9))
+        shrink = [s for s in SHRINK if not s.startswith("dataset")]
+        extra = [f"dataset.root={tmp_path / 'rsna'}", "dataset.image_size=64", f"dataset.cache_dir={tmp_path / 'cache'}",
+                 "dataset.val_size=4", "dataset.workers=0", "dataset.max_skip_fraction=0.5", "trainer.batch_size=4",
+                 "model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64",
+                 "trainer.objective=test_auc"]  # a 4-image val split may hold no positive: AUC undefined
+    proc = run(["-m", "src.sweep", name, *shrink, *extra, f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
     assert f"+sweeps={name}" in proc.stdout
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
@@ -371,6 +381,6 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
 
 def test_sweep_cli_lists_studies_and_rejects_unknown_names():
     proc = run(["-m", "src.sweep", "--help"], cwd=ROOT)
-    assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 7
+    assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 8
     proc = run(["-m", "src.sweep", "nope"], cwd=ROOT, check=False)
     assert proc.returncode != 0 and "available: double_descent_cnn" in proc.stderr

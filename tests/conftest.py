@@ -1,0 +1,44 @@
+"""Shared fixtures: compose the real config through Hydra's compose API with small overrides."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# A tiny, fast setting for end-to-end runs on 2 CPU cores.
+TINY = ["model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64", "dataset.n_train=200",
+        "trainer.max_epochs=1", "trainer.batch_size=50", "trainer.precision=fp32", "trainer.progress=false",
+        "trainer.device=cpu", "trainer.checkpoint=false"]
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides or [])
+
+
+@pytest.fixture
+def tiny_cfg():
+    """Return a function composing the default config with TINY and extra overrides (TINY's ViT
+    sizes are dropped when another model is chosen)."""
+    def make(*extra: str) -> DictConfig:
+        other_model = any(e.startswith("model=") and e != "model=vit" for e in extra)
+        base = [o for o in TINY if not (other_model and o.startswith("model."))]
+        return compose_cfg([*base, *extra])
+    return make
+
+
+def shared_npz(name: str) -> Path:
+    path = SHARED_DATA / f"{name}.npz"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (real datasets live in ../shared/data beside the checkout)")
+    return path

@@ -1,0 +1,64 @@
+"""Every option of every config group composes and instantiates."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from src.data import build_data
+from src.optim import build_optimizer
+from src.trainer import build_model
+from tests.conftest import CONF, compose_cfg
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_every_model_builds_and_trains_one_step(model):
+    cfg = compose_cfg([f"model={model}", "dataset=synthetic", "dataset.num_train=8", "dataset.num_test=4"])
+    data = build_data(cfg.dataset, seed=0)
+    net, full = build_model(cfg.model, data)
+    assert full["image_size"] == 32 and full["in_channels"] == 3 and full["num_classes"] == 10
+    opt = build_optimizer(net, cfg.optimizer, cfg.model.get("width"), torch.device("cpu"))
+    x = (data.x_train.float() / 255)
+    loss = torch.nn.functional.cross_entropy(net(x), data.y_train)
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("optimizer", options("optimizer"))
+def test_every_optimizer_instantiates(optimizer):
+    cfg = compose_cfg([f"optimizer={optimizer}", "model=cnn", "model.width=4"])
+    net = torch.nn.Linear(3, 2)
+    opt = build_optimizer(net, cfg.optimizer, 4, torch.device("cpu"))
+    assert type(opt).__name__.lower() == optimizer
+    assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optimizer.lr)
+
+
+def test_scale_lr_by_width_divides_the_learning_rate():
+    cfg = compose_cfg(["optimizer=sgd", "optimizer.scale_lr_by_width=true", "model=cnn", "model.width=8"])
+    opt = build_optimizer(torch.nn.Linear(3, 2), cfg.optimizer, 8, torch.device("cpu"))
+    assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optimizer.lr / 8)
+
+
+@pytest.mark.parametrize("dataset", ["digits", "synthetic"])
+def test_embedded_datasets_build(dataset):
+    cfg = compose_cfg([f"dataset={dataset}"])
+    data = build_data(cfg.dataset, seed=0)
+    assert data.x_train.dtype == torch.uint8 and data.x_train.shape[-1] == cfg.dataset.image_size
+
+
+@pytest.mark.parametrize("group", ["dataset", "scheduler", "label_noise", "trainer"])
+def test_every_option_composes(group):
+    for option in options(group):
+        cfg = compose_cfg([f"{group}={option}"])
+        assert cfg[group] is not None
+
+
+def test_unknown_option_lists_the_valid_ones():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="Available options"):
+        compose_cfg(["model=transformer"])

@@ -1,0 +1,123 @@
+"""Datasets: layouts, caching, stratified subsets, label noise, batch augmentation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from src.data import build_data, stratified_subset
+from src.data.augment import augment
+from src.data.loader import Loader
+from src.label_noise import apply_label_noise
+from tests.conftest import shared_npz
+
+
+def _arrays(n=60, size=8, channels=3, seed=0):
+    g = np.random.default_rng(seed)
+    return g.integers(0, 256, (n, size, size, channels), dtype=np.uint8), np.arange(n) % 3
+
+
+def test_npz_layout_loads_and_caches(tmp_path):
+    x, y = _arrays()
+    np.savez(tmp_path / "toy.npz", x_train=x, y_train=y, x_test=x[:12], y_test=y[:12])
+    cfg = dict(name="cifar10", root=str(tmp_path / "toy.npz"), image_size=None)
+    data = build_data(cfg)
+    assert data.x_train.shape == (60, 3, 8, 8) and torch.equal(data.x_train[5], torch.from_numpy(x[5]).permute(2, 0, 1))
+    assert list(tmp_path.glob(".vitsweep-cifar10-*.pt")), "the first load writes a tensor cache next to the data"
+    again = build_data(cfg)
+    assert torch.equal(again.x_train, data.x_train) and torch.equal(again.y_test, data.y_test)
+
+
+def test_folder_layout_loads(tmp_path):
+    x, y = _arrays(n=12, channels=1)
+    for split in ("train", "test"):
+        for i, (img, label) in enumerate(zip(x, y)):
+            d = tmp_path / split / f"class{label}"
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img[..., 0]).save(d / f"{i}.png")
+    data = build_data(dict(name="mnist", root=str(tmp_path), image_size=16))
+    assert data.x_train.shape == (12, 1, 16, 16) and data.num_classes == 3
+    assert data.classes == ["class0", "class1", "class2"]
+
+
+def test_empty_root_names_the_accepted_layouts(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"dataset.root=.*\.npz.*train/<class>.*internet"):
+        build_data(dict(name="cifar10", root=str(tmp_path / "nothing")))
+
+
+def test_stratified_subset_keeps_class_proportions():
+    labels = np.repeat(np.arange(10), [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000])
+    chosen, rest = stratified_subset(labels, 550, seed=3)
+    counts = np.bincount(labels[chosen], minlength=10)
+    assert len(chosen) == 550 and len(set(chosen) & set(rest)) == 0
+    assert np.abs(counts - np.arange(1, 11) * 10).max() <= 1
+    assert np.array_equal(chosen, stratified_subset(labels, 550, seed=3)[0])
+    assert not np.array_equal(chosen, stratified_subset(labels, 550, seed=4)[0])
+
+
+def test_n_train_and_val_size_split_digits_without_overlap():
+    data = build_data(dict(name="digits", image_size=8, n_train=300, val_size=200), seed=1)
+    assert len(data.y_train) == 300 and len(data.y_val) == 200
+    train_rows = {tuple(r) for r in data.x_train.flatten(1).tolist()}
+    val_rows = {tuple(r) for r in data.x_val.flatten(1).tolist()}
+    assert len(train_rows & val_rows) <= 5  # digits has a few duplicate images
+
+
+def test_too_large_n_train_plus_val_fails_with_the_keys():
+    with pytest.raises(ValueError, match=r"dataset.n_train=1400 \+ dataset.val_size=100 exceeds the 1437"):
+        build_data(dict(name="digits", image_size=8, n_train=1400, val_size=100))
+
+
+def test_label_noise_rate_never_same_class_and_seeded():
+    labels = torch.arange(10_000) % 10
+    noisy, flipped = apply_label_noise(labels, 0.2, 10, torch.Generator().manual_seed(0))
+    assert abs(flipped.float().mean().item() - 0.2) < 0.01
+    assert torch.equal(flipped, noisy != labels), "a flipped label always moves to a different class"
+    again, _ = apply_label_noise(labels, 0.2, 10, torch.Generator().manual_seed(0))
+    assert torch.equal(noisy, again)
+    other, _ = apply_label_noise(labels, 0.2, 10, torch.Generator().manual_seed(1))
+    assert not torch.equal(noisy, other)
+    new_classes = noisy[flipped]
+    assert torch.bincount(new_classes, minlength=10).min() > 100, "replacement classes are spread uniformly"
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_label_noise_outside_unit_interval_fails(p):
+    with pytest.raises(ValueError, match=r"label_noise.p"):
+        apply_label_noise(torch.zeros(4, dtype=torch.long), p, 10, torch.Generator())
+
+
+@pytest.mark.parametrize("kind", ["none", "flip_crop", "resized_crop", "translate"])
+def test_batch_augmentation_keeps_shape_and_is_seeded(kind):
+    x = torch.randn(16, 3, 32, 32)
+    a = augment(x, kind, torch.Generator().manual_seed(0))
+    b = augment(x, kind, torch.Generator().manual_seed(0))
+    assert a.shape == x.shape and torch.equal(a, b)
+    if kind != "none":
+        assert not torch.equal(a, x)
+
+
+def test_flip_crop_moves_pixels_by_whole_pixels():
+    x = torch.zeros(64, 1, 8, 8)
+    x[:, :, 3, 3] = 1.0
+    out = augment(x, "flip_crop", torch.Generator().manual_seed(0))
+    assert set(out.unique().tolist()) <= {0.0, 1.0}, "integer shifts: no interpolation"
+    assert out.sum((1, 2, 3)).sum() > 32, "most images keep the dot (shifts are at most 4 pixels)"
+    assert len({tuple(img.nonzero()[0].tolist()) for img in out if img.any()}) > 5, "shifts vary per image"
+
+
+def test_loader_normalises_and_covers_an_epoch():
+    x = torch.randint(0, 256, (100, 1, 4, 4), dtype=torch.uint8)
+    y = torch.arange(100)
+    loader = Loader(x, y, 32, torch.device("cpu"), mean=(0.5,), std=(0.25,), shuffle=True, seed=0)
+    seen = torch.cat([yb for _, yb in loader])
+    assert len(loader) == 4 and sorted(seen.tolist()) == list(range(100))
+    xb, yb = next(iter(Loader(x, y, 100, torch.device("cpu"), mean=(0.5,), std=(0.25,))))
+    assert torch.allclose(xb, (x.float() / 255 - 0.5) / 0.25, atol=1e-5)
+
+
+def test_real_mnist_npz_loads():
+    data = build_data(dict(name="mnist", root=str(shared_npz("mnist")), image_size=32, n_train=1000))
+    assert data.x_train.shape == (1000, 1, 32, 32) and data.x_test.shape == (10000, 1, 32, 32)
+    assert data.mean[0] == pytest.approx(0.1307, abs=0.02)

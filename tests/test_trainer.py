@@ -1,0 +1,98 @@
+"""The trainer end to end: stop rules, records, objective, bad input."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from src.trainer import _converged, train
+
+SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_loss", "train_error", "test_loss",
+                "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
+                "noisy_label_fraction", "device", "precision", "seed"}
+METRIC_KEYS = {"epoch", "step", "wall_s", "lr", "train_loss", "train_error", "test_loss", "test_error", "images_per_s"}
+
+
+def read(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+def test_run_writes_the_contract_and_returns_test_error(tiny_cfg, tmp_path):
+    objective = train(tiny_cfg("trainer.max_epochs=2", "trainer.checkpoint=true"), tmp_path)
+    summary, rows = read(tmp_path)
+    assert SUMMARY_KEYS <= summary.keys() and METRIC_KEYS <= rows[0].keys()
+    assert summary["status"] == "completed" and summary["stop_reason"] == "max_epochs"
+    assert [r["epoch"] for r in rows] == [1, 2] and summary["steps"] == 8  # 200 images / batch 50, 2 epochs
+    assert objective == summary["test_error"] == rows[-1]["test_error"]
+    assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_val_split_becomes_the_objective(tiny_cfg, tmp_path):
+    objective = train(tiny_cfg("dataset.val_size=100"), tmp_path)
+    summary, rows = read(tmp_path)
+    assert {"val_loss", "val_error"} <= rows[0].keys() and objective == summary["val_error"]
+    assert summary["objective_name"] == "val_error"
+
+
+def test_max_steps_stops(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.max_epochs=5", "trainer.max_steps=3"), tmp_path)
+    summary, rows = read(tmp_path)
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 3 and len(rows) == 1
+
+
+def test_max_wall_stops(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.max_epochs=1000", "trainer.max_wall_s=1"), tmp_path)
+    summary, _ = read(tmp_path)
+    assert summary["stop_reason"] == "max_wall" and summary["status"] == "stopped" and summary["epochs"] < 1000
+
+
+def test_convergence_stops(tiny_cfg, tmp_path):
+    # A zero learning rate freezes the model, so the train error is constant from the first epoch.
+    train(tiny_cfg("trainer.max_epochs=50", "trainer.converge_epochs=2", "optimizer.lr=0"), tmp_path)
+    summary, rows = read(tmp_path)
+    assert summary["stop_reason"] == "converged" and summary["epochs"] == 3 and len(rows) == 3
+
+
+def test_converged_window():
+    assert not _converged([(1, 0.5), (2, 0.5)], 2, 0.0)
+    assert _converged([(1, 0.5), (2, 0.5), (3, 0.5)], 2, 0.0)
+    assert not _converged([(1, 0.4), (2, 0.5), (3, 0.5)], 2, 0.0)
+    assert _converged([(1, 0.4), (2, 0.5), (3, 0.5)], 2, 0.1)
+
+
+def test_nonfinite_loss_is_recorded_not_lost(tiny_cfg, tmp_path):
+    objective = train(tiny_cfg("optimizer.lr=1e30", "trainer.max_epochs=20", "trainer.log_every=1", "model=cnn",
+                               "optimizer=sgd"), tmp_path)
+    summary, _ = read(tmp_path)
+    assert summary["status"] == "failed" and summary["stop_reason"] == "nonfinite_loss" and math.isnan(objective)
+    assert summary["epochs"] < 20
+
+
+def test_label_noise_fraction_is_recorded(tiny_cfg, tmp_path):
+    train(tiny_cfg("label_noise=p20", "dataset.n_train=1000"), tmp_path)
+    summary, _ = read(tmp_path)
+    assert summary["noisy_label_fraction"] == pytest.approx(0.2, abs=0.04)
+
+
+def test_reporter_prunes(tiny_cfg, tmp_path):
+    calls = []
+    train(tiny_cfg("trainer.max_epochs=4"), tmp_path, reporter=lambda v, e: calls.append((v, e)) or e >= 2)
+    summary, rows = read(tmp_path)
+    assert [e for _, e in calls] == [1, 2] and summary["stop_reason"] == "pruned" and len(rows) == 2
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.patch=5", "model.patch=5 does not divide the image size 16"),
+    ("model.heads=3", "model.heads=3 does not divide model.dim=32"),
+    ("label_noise.p=1.0", r"label_noise.p=1.0 must be in \[0, 1\)"),
+    ("dataset.val_size=1400", r"dataset.n_train=200 \+ dataset.val_size=1400 exceeds"),
+    ("trainer.precision=fp16", "fp16 needs CUDA"),
+    ("dataset.augment=mixup", "dataset.augment='mixup' is unknown"),
+])
+def test_bad_input_fails_before_any_record(tiny_cfg, tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        train(tiny_cfg(override), tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
