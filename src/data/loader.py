@@ -81,9 +81,10 @@ class Loader:
             else:
                 xb, host_idx = self._gather(idx)
                 yb = self.y[host_idx.to(self.device)]
-            xb = (xb.float() - self.mean) * self.inv_std
-            if self.augment != "none":
+            xb = xb.float()
+            if self.augment != "none":  # on raw pixel values, so padding and shifts fill with black (0)
                 xb = augment_batch(xb, self.augment, self.gen)
+            xb = (xb - self.mean) * self.inv_std
             if self.channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             yield xb, yb
