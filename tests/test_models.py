@@ -52,3 +52,9 @@ def test_vit_returns_attention_per_layer():
 def test_bad_vit_shapes_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         ViT(32, 3, 10, **{"dim": 64, **kwargs})
+
+
+@pytest.mark.parametrize("size", [28, 32])
+def test_cnns_take_mnist_and_cifar_sizes(size):
+    x = torch.randn(2, 1, size, size)
+    assert WidthCNN(size, 1, 10, width=3)(x).shape == (2, 10) and VGGCNN(size, 1, 10)(x).shape == (2, 10)
