@@ -81,6 +81,14 @@ def use_channels_last(model: torch.nn.Module, device: torch.device, setting: boo
     return bool(setting)
 
 
+def compile_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile`` for one run. Dynamo's in-memory caches are reset first: runs of a sweep in one
+    process (Hydra's basic launcher) would otherwise hit its recompile limit after four runs and fall
+    back to eager silently. Kernels still come from inductor's on-disk FX graph cache when shapes match."""
+    torch._dynamo.reset()
+    return torch.compile(model)
+
+
 def _converged(history: list[tuple[int, float]], window: int | None, tol: float) -> bool:
     """True when the train errors evaluated over the last ``window`` epochs span at most ``tol``."""
     if not window or not history:
@@ -110,7 +118,7 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     params = sum(p.numel() for p in model.parameters())
     optimizer = build_optimizer(model, cfg["optimizer"], cfg["model"].get("width"), device)
-    step_model = torch.compile(model) if t.get("compile") else model
+    step_model = compile_model(model) if t.get("compile") else model
 
     n_train, bs = len(data.y_train), int(t["batch_size"])
     bs = min(bs, n_train)

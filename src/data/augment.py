@@ -19,16 +19,19 @@ def _rand(n: int, g: torch.Generator, device) -> torch.Tensor:
 def flip_crop(x: torch.Tensor, g: torch.Generator, pad: int = 4) -> torch.Tensor:
     """Random horizontal flip and a random crop from the image zero-padded by ``pad`` pixels."""
     B, C, H, W = x.shape
-    flip = _rand(B, g, x.device) < 0.5
-    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-    xp = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=x.device)
-    dx = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=x.device)
-    rows = (torch.arange(H, device=x.device)[None, :] + dy[:, None])  # (B, H)
-    cols = (torch.arange(W, device=x.device)[None, :] + dx[:, None])  # (B, W)
-    b = torch.arange(B, device=x.device)[:, None, None, None]
-    c = torch.arange(C, device=x.device)[None, :, None, None]
-    return xp[b, c, rows[:, None, :, None], cols[:, None, None, :]]
+    dev = x.device
+    flip = _rand(B, g, dev) < 0.5
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=dev)
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=g, device=dev)
+    # One gather from the padded batch: output pixel (y, x) reads padded pixel (y + dy, x + dx), or
+    # (y + dy, Wp - 1 - x - dx) when flipped (the crop of the mirrored padded image).
+    Wp = W + 2 * pad
+    cols = torch.arange(W, device=dev)[None, :] + dx[:, None]  # (B, W)
+    cols = torch.where(flip[:, None], Wp - 1 - cols, cols)
+    rows = torch.arange(H, device=dev)[None, :] + dy[:, None]  # (B, H)
+    flat = (rows[:, :, None] * Wp + cols[:, None, :]).view(B, 1, H * W).expand(B, C, H * W)
+    xp = F.pad(x, (pad, pad, pad, pad)).view(B, C, -1)
+    return xp.gather(2, flat).view(B, C, H, W)
 
 
 def _affine(x: torch.Tensor, sx: torch.Tensor, sy: torch.Tensor, tx: torch.Tensor, ty: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,233 @@
+"""The trainer's speed paths: every device-specific branch runs here on CPU where it can and is
+skipped with a reason where it cannot; plus a smoke run of benchmarks/throughput.py."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from src.data.augment import flip_crop
+from src.data.loader import Loader
+from src.models.cnn import WidthCNN
+from src.models.layers import Attention, Dropout, dropout_keep
+from src.models.vit import ViT
+from src.optim import build_optimizer
+from src.trainer import _setup_device, autocast_for, train, train_step, use_channels_last
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (no GPU on this machine)")
+ADAMW = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "weight_decay": 0.05}
+
+
+# --------------------------------------------------------------------------- batch augmentation
+def test_flip_crop_is_a_padded_crop_of_the_image_or_its_mirror():
+    x = torch.randn(64, 3, 8, 8)
+    out = flip_crop(x, torch.Generator().manual_seed(0), pad=2)
+    xp = F.pad(x, (2, 2, 2, 2))
+    flips, offsets = 0, set()
+    for b in range(len(x)):
+        found = [(f, dy, dx) for f in (0, 1) for dy in range(5) for dx in range(5)
+                 if torch.equal(out[b], (xp[b].flip(-1) if f else xp[b])[:, dy:dy + 8, dx:dx + 8])]
+        assert found, f"image {b} is no crop of the padded image or its mirror"
+        flips += found[0][0]
+        offsets.add(found[0][1:])
+    assert 16 <= flips <= 48  # about half are mirrored
+    assert len(offsets) >= 15  # offsets spread over the 25 possible
+
+
+# --------------------------------------------------------------------------- fast CPU dropout
+def test_dropout_keep_rate_and_scale():
+    torch.manual_seed(0)
+    x = torch.ones(1_000_000, requires_grad=True)
+    drop = Dropout(0.2).train()
+    y = drop(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.8) < 0.003
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1.25))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # gradient = mask / (1 - p)
+
+
+def test_dropout_is_seeded_identity_in_eval_and_keeps_dtype():
+    x = torch.randn(4096)
+    torch.manual_seed(1)
+    a = dropout_keep(x, 0.5)
+    torch.manual_seed(1)
+    assert torch.equal(a, dropout_keep(x, 0.5))
+    assert torch.equal(Dropout(0.5).eval()(x), x)
+    assert Dropout(0.5).train()(x.bfloat16()).dtype == torch.bfloat16
+    assert torch.equal(Dropout(0.0).train()(x), x)
+
+
+@needs_cuda
+def test_dropout_on_cuda_is_torchs():
+    torch.manual_seed(0)
+    x = torch.ones(100_000, device="cuda")
+    y = Dropout(0.2).train()(x)
+    assert abs((y != 0).float().mean().item() - 0.8) < 0.01
+
+
+def test_cpu_training_attention_path_agrees_with_sdpa(monkeypatch):
+    """CPU training with dropout takes the explicit path; with every element kept it equals SDPA's
+    attention scaled by 1/(1-p) (dropout's scale on the weights and on the projection output)."""
+    torch.manual_seed(0)
+    p, B, T, D, H = 0.1, 3, 9, 32, 4
+    attn = Attention(dim=D, heads=H, dropout=p).train()
+    x = torch.randn(B, T, D)
+    monkeypatch.setattr("src.models.layers.dropout_keep", lambda t, p: torch.ones_like(t, dtype=torch.bool))
+    explicit, _ = attn(x)
+    q, k, v = attn.qkv(x).reshape(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
+    ref = F.scaled_dot_product_attention(q, k, v) / (1 - p)
+    ref = attn.proj(ref.transpose(1, 2).reshape(B, T, D)) / (1 - p)
+    assert torch.allclose(explicit, ref, atol=1e-5) and explicit.requires_grad
+
+
+# --------------------------------------------------------------------------- device settings
+def test_channels_last_auto_for_conv_models_only():
+    cpu = torch.device("cpu")
+    cnn, vit = WidthCNN(16, 3, 10, width=2), ViT(16, 3, 10, dim=16, depth=1, heads=2, mlp_dim=16)
+    assert use_channels_last(cnn, cpu) and not use_channels_last(vit, cpu)
+    assert use_channels_last(vit, cpu, True) and not use_channels_last(cnn, cpu, False)
+    loader = Loader(torch.zeros(8, 3, 16, 16, dtype=torch.uint8), torch.zeros(8, dtype=torch.long), 4, cpu,
+                    mean=[0.5] * 3, std=[0.25] * 3, augment="flip_crop", channels_last=True)
+    xb, _ = next(iter(loader))
+    assert xb.is_contiguous(memory_format=torch.channels_last) and xb.dtype == torch.float32
+
+
+def test_autocast_per_precision():
+    cpu = torch.device("cpu")
+    assert isinstance(autocast_for(cpu, "fp32"), contextlib.nullcontext)
+    with autocast_for(cpu, "bf16"):
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("precision,grad_clip", [("fp32", None), ("fp32", 0.5), ("bf16", None)])
+def test_train_step_updates_and_returns_a_detached_loss(precision, grad_clip):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = WidthCNN(8, 3, 4, width=2)
+    opt = build_optimizer(model, ADAMW, None, cpu)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    loss = train_step(model, opt, scaler, autocast_for(cpu, precision), torch.randn(6, 3, 8, 8),
+                      torch.randint(0, 4, (6,)), grad_clip=grad_clip)
+    assert not loss.requires_grad and loss.dim() == 0 and torch.isfinite(loss)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@needs_cuda
+def test_fp16_step_with_scaler_on_cuda():
+    dev = torch.device("cuda")
+    model = WidthCNN(8, 3, 4, width=2).to(dev)
+    opt = build_optimizer(model, ADAMW, None, dev)
+    loss = train_step(model, opt, torch.amp.GradScaler("cuda"), autocast_for(dev, "fp16"),
+                      torch.randn(6, 3, 8, 8, device=dev), torch.randint(0, 4, (6,), device=dev), grad_clip=1.0)
+    assert torch.isfinite(loss)
+
+
+def test_adamw_is_not_fused_on_cpu():
+    opt = build_optimizer(WidthCNN(8, 3, 4, width=2), ADAMW, None, torch.device("cpu"))
+    assert not opt.defaults.get("fused")
+
+
+@needs_cuda
+def test_adamw_is_fused_on_cuda():
+    opt = build_optimizer(WidthCNN(8, 3, 4, width=2).cuda(), ADAMW, None, torch.device("cuda"))
+    assert opt.defaults.get("fused")
+
+
+def test_setup_device_sets_threads_on_cpu():
+    before = torch.get_num_threads()
+    try:
+        _setup_device(torch.device("cpu"), {"num_threads": 1})
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_cuda
+def test_setup_device_enables_tf32_and_cudnn_benchmark():
+    _setup_device(torch.device("cuda"), {})
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.benchmark
+
+
+# --------------------------------------------------------------------------- torch.compile
+def test_compile_does_not_recompile_per_epoch(tiny_cfg, tmp_path, monkeypatch):
+    """Graphs compiled in epoch 1 (train shape, eval modes and the last partial eval batch) serve
+    every later epoch. A counting backend stands in for inductor: dynamo's guards are the same."""
+    import torch._dynamo
+
+    real_compile, graphs = torch.compile, []
+
+    def counting(gm, example_inputs):
+        graphs.append(tuple(t.shape for t in example_inputs if isinstance(t, torch.Tensor)))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=counting))
+    counts = []
+    for epochs in (1, 3):
+        torch._dynamo.reset()
+        graphs.clear()
+        train(tiny_cfg("trainer.compile=true", f"trainer.max_epochs={epochs}", "dataset.n_train=120",
+                       "trainer.batch_size=32", "trainer.eval_batch_size=64"), tmp_path / f"e{epochs}")
+        counts.append(len(graphs))
+    assert counts[0] >= 1 and counts[1] == counts[0], counts
+
+
+def test_compiled_runs_in_one_process_keep_compiling(tiny_cfg, tmp_path, monkeypatch):
+    """A sweep's runs in one process (Hydra's basic launcher) each compile their own graphs instead
+    of hitting dynamo's recompile limit and silently running eager."""
+    import torch._dynamo
+
+    real_compile, graphs = torch.compile, []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(
+        model, backend=lambda gm, ex: graphs.append(1) or gm.forward))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    per_run = []
+    for dim in (16, 24, 32):
+        before = len(graphs)
+        train(tiny_cfg("trainer.compile=true", f"model.dim={dim}", "dataset.n_train=100"), tmp_path / str(dim))
+        per_run.append(len(graphs) - before)
+    assert min(per_run) >= 1, per_run
+
+
+def test_inductor_fx_graph_cache_is_on():
+    """Runs of one sweep with matching shapes reuse compiled kernels across processes (README)."""
+    from torch._inductor import config
+
+    assert config.fx_graph_cache
+
+
+# --------------------------------------------------------------------------- benchmark smoke
+@pytest.fixture
+def bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import throughput
+        yield throughput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+TINY_BENCH = ["--dim", "32", "--depth", "1", "--heads", "2", "--mlp-dim", "64", "--batch", "16",
+              "--synthetic-n", "64", "--workers", "0", "--device", "cpu"]
+
+
+def test_benchmark_runs_both_paths(bench, capsys):
+    r = bench.main([*TINY_BENCH, "--steps", "2", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert r["ratio"] > 0 and "speed-up vitsweep / baseline" in out and "FLOPs per image" in out
+    assert "matmul peak: fp32" in out and "data wait" in out and "peak RSS" in out
+
+
+def test_benchmark_cnn_and_check_and_scaling_modes(bench, capsys):
+    assert bench.main(["--model", "cnn", "--width", "2", "--batch", "16", "--synthetic-n", "64",
+                       "--workers", "0", "--steps", "1", "--warmup", "1"])["ratio"] > 0
+    r = bench.main([*TINY_BENCH, "--check", "--check-steps", "6"])
+    assert set(r) == {"fp32", "bf16", "rel"} and r["rel"] < 0.1
+    r = bench.main(["--model", "cnn", "--width", "2", "--batch", "16", "--scaling", "--sizes", "32,64,96"])
+    assert len(r["rows"]) == 3 and "R^2" in capsys.readouterr().out
