@@ -59,11 +59,17 @@ class ViT(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
+        """The original ViT's scheme (big_vision): Xavier-uniform dense layers, zero biases, LeCun-normal
+        patch embedding, N(0, 0.02) positions. Unlike timm's fixed N(0, 0.02) it scales with the width,
+        which matters for the small widths these studies sweep (dim 8..256)."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
+        w = self.patch_embed.proj.weight
+        nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)  # LeCun normal: 1 / fan_in
+        nn.init.zeros_(self.patch_embed.proj.bias)
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.xavier_uniform_(m.weight)
                 nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
