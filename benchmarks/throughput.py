@@ -21,8 +21,6 @@ Printed: images/s of each and their ratio; model FLOPs per image (forward + back
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
 import os
 import platform
 import resource
