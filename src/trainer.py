@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -165,7 +166,8 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
     train_time = 0.0
     start = time.perf_counter()
     pbar = tqdm(total=int(total_steps), desc=f"{summary['model']} {summary['dataset']}", unit="step",
-                disable=not t.get("progress", True), dynamic_ncols=True, leave=False)
+                disable=not t.get("progress", True), dynamic_ncols=True, leave=False,
+                mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs and CI get a line every 30 s
     try:
         while summary["stop_reason"] is None:
             epoch += 1

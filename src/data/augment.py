@@ -1,4 +1,4 @@
-"""Whole-batch augmentation on the training device (no per-image Python, no PIL).
+"""Whole-batch augmentation on the training device (no per-image Python, no PIL), on raw pixel values.
 
 Each function takes a float batch (B, C, H, W) and a ``torch.Generator`` on the batch's device.
 """
