@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from src.models.layers import Block, PatchEmbed
+from src.models.layers import Block, Dropout, PatchEmbed
 
 
 def check_vit_shape(image_size: int, patch: int, dim: int, heads: int) -> None:
@@ -52,7 +52,7 @@ class ViT(nn.Module):
         num_patches = (grid_input // patch) ** 2
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, dim))
-        self.pos_drop = nn.Dropout(dropout)
+        self.pos_drop = Dropout(dropout)
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, dropout) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
