@@ -25,8 +25,8 @@ install: $(VENV)/.installed
 
 demo: install
 	rm -rf $(DEMO_DIR)
-	$(PY) -m src.train -m model.patch=2,4,8 model.dim=64 model.depth=4 model.heads=4 model.mlp_dim=128 \
-		model.dropout=0.1 optimizer.lr=2e-3 scheduler.warmup_epochs=1 trainer.max_epochs=12 trainer.batch_size=64 \
+	$(PY) -m src.train -m model.patch=2,4,8 model.dim=64 model.depth=2 model.heads=4 model.mlp_dim=128 \
+		model.dropout=0.1 optimizer.lr=2e-3 scheduler.warmup_epochs=1 trainer.max_epochs=10 trainer.batch_size=64 \
 		trainer.progress=false hydra.sweep.dir=$(DEMO_DIR)
 	$(PY) -m analysis.report $(DEMO_DIR) --out $(DEMO_DIR)/report
 	@cat $(DEMO_DIR)/report/tables/results.md
