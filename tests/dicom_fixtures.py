@@ -183,3 +183,11 @@ def make_rsna_tree(root: str | Path, n_patients: int = 8, positives: tuple[int, 
     table = pd.DataFrame(rows)
     table.to_csv(root / "train.csv", index=False)
     return table
+
+
+if __name__ == "__main__":  # python -m tests.dicom_fixtures OUT [N_PATIENTS]: a synthetic RSNA tree to try the pipeline
+    import sys
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/rsna_synthetic")
+    table = make_rsna_tree(out, n_patients=int(sys.argv[2]) if len(sys.argv) > 2 else 24, positives=tuple(range(1, 24, 4)))
+    print(f"wrote {len(table)} CSV rows under {out} (train.csv, train_images/), one truncated file and one missing")
