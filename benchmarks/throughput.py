@@ -41,7 +41,7 @@ from src.data.loader import Loader  # noqa: E402
 from src.optim import build_optimizer  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
 from src.trainer import _setup_device, autocast_for, build_model, train_step, use_channels_last  # noqa: E402
-from src.validate import resolve_precision, select_device  # noqa: E402
+from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
 VIT_KEYS = ("patch", "dim", "depth", "heads", "mlp_dim")
 
@@ -293,8 +293,7 @@ def header(args, device: torch.device) -> None:
           f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'})"
           f" | {load()}")
     if device.type == "cpu":
-        fast = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        print(f"# CPU native bf16 (AVX512-BF16/AMX): {fast}")
+        print(f"# CPU native bf16 (AVX512-BF16/AMX): {cpu_has_fast_bf16()}")
 
 
 def throughput(args) -> dict:
