@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -86,6 +87,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
                     label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
     ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
            title="learning curves: mean ± std over seeds, power-law fits")
+    ax.xaxis.set_minor_formatter(mticker.NullFormatter())  # minor labels on a log axis overlap
     ax.legend(fontsize=7)
     return save_figure(fig, out)
 
@@ -107,6 +109,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
     for ax, split in zip(axes, ("train", "test")):
         ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)",
                title=f"{split} error vs width (mean ± std over seeds)")
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.legend(fontsize=7)
     return save_figure(fig, out)
 
