@@ -296,14 +296,23 @@ def header(args, device: torch.device) -> None:
         print(f"# CPU native bf16 (AVX512-BF16/AMX): {cpu_has_fast_bf16()}")
 
 
-def throughput(args) -> dict:
+def prepare(args) -> tuple[torch.device, dict, DataSplits]:
+    """Device, composed config and data for one benchmark mode; prints the header."""
     device = select_device(args.device)
     cfg = compose(args)
     _setup_device(device, cfg["trainer"])
     header(args, device)
-    data = build_data(cfg["dataset"], args.seed)
+    return device, cfg, build_data(cfg["dataset"], args.seed)
+
+
+def compile_setting(args, device: torch.device) -> bool:
+    return device.type == "cuda" if args.compile == "auto" else args.compile == "on"
+
+
+def throughput(args) -> dict:
+    device, cfg, data = prepare(args)
     precision = resolve_precision(args.precision, device)
-    compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
+    compile_model = compile_setting(args, device)
     m = cfg["model"]
     sizes = ", ".join(f"{k} {m[k]}" for k in m if k != "_target_")
     print(f"model {args.model} ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}) | batch {args.batch} | "
@@ -362,11 +371,7 @@ def throughput(args) -> dict:
 
 def check(args) -> dict:
     """Same init, same batches: the bf16 loss curve against fp32 over ``--check-steps`` steps."""
-    device = select_device(args.device)
-    cfg = compose(args)
-    _setup_device(device, cfg["trainer"])
-    header(args, device)
-    data = build_data(cfg["dataset"], args.seed)
+    device, cfg, data = prepare(args)
     curves = {}
     for precision in ("fp32", "bf16"):
         path = VitsweepPath(cfg, data, device, precision, compile_model=False)
@@ -394,7 +399,7 @@ def scaling(args) -> dict:
     device = select_device(args.device)
     header(args, device)
     precision = resolve_precision(args.precision, device)
-    compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
+    compile_model = compile_setting(args, device)
     rows = []
     print(f"model {args.model} | batch {args.batch} | precision {precision} | one epoch per size, after 3 warm-up steps")
     print("  n_train  epoch_s  images/s")
