@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from src.data import DataSplits, build_data
-from src.data.loader import Loader
+from src.data.loader import Loader, fits_on_device
 from src.label_noise import apply_label_noise
 from src.metrics import evaluate
 from src.optim import build_optimizer
@@ -123,14 +123,20 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
 
     n_train, bs = len(data.y_train), int(t["batch_size"])
     bs = min(bs, n_train)
-    common = dict(device=device, mean=data.mean, std=data.std, channels_last=channels_last)
+    # Move the splits to the device once (the train and train-eval loaders share one copy), or stream them.
+    splits = [x for x in (data.x_train, data.x_val, data.x_test) if x is not None]
+    resident = fits_on_device(sum(x.numel() for x in splits), device)
+    if resident:
+        data.x_train, data.x_test = data.x_train.to(device), data.x_test.to(device)
+        data.x_val = data.x_val.to(device) if data.x_val is not None else None
+    common = dict(device=device, mean=data.mean, std=data.std, channels_last=channels_last, resident=resident)
     train_loader = Loader(data.x_train, data.y_train, bs, augment=cfg["dataset"].get("augment", "none"),
                           shuffle=True, drop_last=True, seed=seed, sample_weights=data.sample_weights, **common)
     ebs = int(t["eval_batch_size"])
     x_tr_eval, y_tr_eval = data.x_train, data.y_train
     if t.get("train_eval_size") and t["train_eval_size"] < n_train:
         keep = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed + 2))[: int(t["train_eval_size"])]
-        x_tr_eval, y_tr_eval = data.x_train[keep], data.y_train[keep]
+        x_tr_eval, y_tr_eval = data.x_train[keep.to(data.x_train.device)], data.y_train[keep]
     eval_loaders = {"train": Loader(x_tr_eval, y_tr_eval, ebs, **common)}
     if data.x_val is not None:
         eval_loaders["val"] = Loader(data.x_val, data.y_val, ebs, **common)
