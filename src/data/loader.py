@@ -63,24 +63,21 @@ class Loader:
             return torch.randperm(self.n, device=self.device, generator=self.gen)
         return torch.arange(self.n, device=self.device)
 
-    def _gather(self, idx: torch.Tensor) -> torch.Tensor:
+    def _gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images and labels of ``idx``: device indexing when resident, else a sorted host read
+        (kinder to memory-mapped files) copied asynchronously from pinned memory."""
         if self.resident:
-            return self.x[idx]
-        host_idx, _ = idx.cpu().sort()  # sorted reads are kinder to memory-mapped files
+            return self.x[idx], self.y[idx]
+        host_idx, _ = idx.cpu().sort()
         batch = self.x[host_idx]
         if self.device.type == "cuda":
             batch = batch.pin_memory().to(self.device, non_blocking=True)
-        return batch, host_idx
+        return batch, self.y[host_idx.to(self.device)]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self._order()
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            if self.resident:
-                xb, yb = self.x[idx], self.y[idx]
-            else:
-                xb, host_idx = self._gather(idx)
-                yb = self.y[host_idx.to(self.device)]
+            xb, yb = self._gather(order[i * self.batch_size:(i + 1) * self.batch_size])
             xb = xb.float()
             if self.augment != "none":  # on raw pixel values, so padding and shifts fill with black (0)
                 xb = augment_batch(xb, self.augment, self.gen)
