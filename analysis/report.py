@@ -22,14 +22,19 @@ from analysis.tables import format_table, summary_table, to_markdown, write_tabl
 IGNORED_PREFIXES = ("hydra.", "trial.")
 IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device",
                   "progress", "log_every", "checkpoint", "eval_batch_size"}
+# how long and how a run was trained, not what was studied: learning-curve runs of different sizes
+# often get different step caps, and splitting the fit by them would be wrong (--by overrides)
+IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol",
+                                                 "eval_every", "train_eval_size", "num_threads", "compile", "channels_last")}
 MAX_GROUPS = 12  # curves per figure and rows in the Markdown table (the CSV has them all)
 
 
 def varied_keys(df: pd.DataFrame) -> list[str]:
-    """Config columns taking more than one value across runs, minus seeds and bookkeeping; of keys
-    that map one-to-one onto each other (model._target_ and model.name) only the first is kept."""
+    """Config columns taking more than one value across runs, minus seeds, bookkeeping and stop rules
+    (``IGNORED_RUN_SETTINGS``); of keys that map one-to-one onto each other (model._target_ and
+    model.name) only the first is kept."""
     cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
-    keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
+    keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES) and c not in IGNORED_RUN_SETTINGS
             and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES and df[c].astype(str).nunique() > 1]
     kept: list[str] = []
     for k in keys:
@@ -127,13 +132,21 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
                "double descent")
 
 
-def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, tol: float = 0.01) -> list[Path]:
-    """Write the report for the runs under ``paths`` into ``out``; return every file written."""
+def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, tol: float = 0.01,
+                by: list[str] | None = None) -> list[Path]:
+    """Write the report for the runs under ``paths`` into ``out``; return every file written.
+
+    ``by``: the config keys that define the compared settings, instead of :func:`varied_keys`."""
     paths = [str(p) for p in paths]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(paths)
-    varied = varied_keys(runs)
+    if by:
+        unknown = [k for k in by if k not in runs.columns]
+        if unknown:
+            keys = sorted(c for c in runs.columns if "." in c and not c.startswith(IGNORED_PREFIXES))
+            raise ValueError(f"--by {' '.join(unknown)}: no such config key in these runs; choose from {keys}")
+    varied = list(by) if by else varied_keys(runs)
+    out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
     status = runs["status"].value_counts().to_dict()
     rep.add("# Sweep report", "", f"Sweep folders: {', '.join(f'`{p}`' for p in paths)}", "",
@@ -165,10 +178,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="output folder (default: FIRST_PATH/report)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap samples for fit intervals")
     ap.add_argument("--tol", type=float, default=0.01, help="train error below which a width interpolates")
+    ap.add_argument("--by", nargs="+", default=None, metavar="KEY",
+                    help="config keys that define the compared settings (default: every key that varied, "
+                         "minus seeds, bookkeeping and stop rules such as trainer.max_steps)")
     args = ap.parse_args(argv)
     try:
-        files = make_report(args.paths, args.out or Path(args.paths[0]) / "report", args.n_boot, args.tol)
-    except (FileNotFoundError, NotADirectoryError) as e:
+        files = make_report(args.paths, args.out or Path(args.paths[0]) / "report", args.n_boot, args.tol, args.by)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         raise SystemExit(f"analysis.report: {e}") from None
     print(f"wrote {files[0]} and {len(files) - 1} tables/figures")
 

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from PIL import Image
@@ -201,6 +202,23 @@ def test_varied_keys_skip_seed_bookkeeping_and_aliases(tmp_path):
         cfg["dataset"]["root"] = f"/data/{i}"
         write_run(tmp_path, i, cfg, summary(0.1))
     assert varied_keys(load_runs(tmp_path)) == ["dataset.n_train", "model._target_"]
+
+
+def test_stop_rules_do_not_split_a_learning_curve(tmp_path):
+    """Larger n_train runs often get a larger step cap: the report still fits one curve per model."""
+    for i, n in enumerate([100, 200, 400, 800, 1600, 3200]):
+        cfg = config(i, n_train=n)
+        cfg["trainer"] = {"max_steps": 2000 if n < 800 else 8000, "max_epochs": 100}
+        write_run(tmp_path, i, cfg, summary(0.5 * (n / 100) ** -0.5))
+    runs = load_runs(tmp_path)
+    assert varied_keys(runs) == ["dataset.n_train"]
+    files = make_report([tmp_path], tmp_path / "report", n_boot=50)
+    fits = pd.read_csv(next(p for p in files if p.name == "learning_curve_fits.csv"))
+    assert len(fits) == 1 and fits["alpha"].iloc[0] == pytest.approx(-0.5, abs=1e-6)
+    by_steps = make_report([tmp_path], tmp_path / "report2", n_boot=50, by=["dataset.n_train", "trainer.max_steps"])
+    assert len(pd.read_csv(next(p for p in by_steps if p.name == "learning_curve_fits.csv"))) == 2
+    with pytest.raises(ValueError, match="trainer.max_stepz: no such config key"):
+        make_report([tmp_path], tmp_path / "report3", by=["trainer.max_stepz"])
 
 
 def _promised(files: list[Path], out: Path, names: set[str]) -> None:
