@@ -28,13 +28,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # the same glibc malloc settings as `python -m src.train` (see src/malloc.py)
+    from src.malloc import restart_with_lean_malloc
+
+    restart_with_lean_malloc()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 from src.data import DataSplits, build_data  # noqa: E402
 from src.data.loader import Loader  # noqa: E402

@@ -4,11 +4,16 @@ Composes the config with Hydra, hands it to the trainer, and returns the sweep o
 """
 from __future__ import annotations
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+if __name__ == "__main__":  # before torch loads: glibc reads its malloc settings only at start-up
+    from src.malloc import restart_with_lean_malloc
 
-from src.trainer import train
+    restart_with_lean_malloc()
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from src.trainer import train  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -1,10 +1,15 @@
 """The command line a researcher types: `python -m src.train [-m] overrides`."""
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+
+from src.malloc import TUNABLES, lean_malloc_env
 from tests.conftest import ROOT, TINY
 from tests.test_trainer import SUMMARY_KEYS
 
@@ -38,3 +43,33 @@ def test_bad_input_exits_nonzero_with_the_key_and_no_summary(tmp_path):
 def test_unknown_group_option_lists_choices(tmp_path):
     done = run_cli("dataset=imagenet", f"hydra.run.dir={tmp_path}")
     assert done.returncode != 0 and "Available options" in done.stderr and "cifar10" in done.stderr
+
+
+def _without_malloc_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "VITSWEEP_MALLOC")}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings are Linux-only")
+def test_training_processes_restart_once_with_lean_malloc_settings():
+    code = "import os, src.malloc as m; print('start', flush=True); m.restart_with_lean_malloc(); print(os.environ.get('GLIBC_TUNABLES'))"
+    env = _without_malloc_settings()
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["start", "start", TUNABLES], done.stderr
+    opted_out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                               env={**env, "VITSWEEP_MALLOC": "default"})
+    assert opted_out.stdout.split() == ["start", "None"], opted_out.stderr
+
+
+def test_lean_malloc_keeps_the_users_own_tunables():
+    assert lean_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}) is None
+    env = lean_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    if env is not None:  # None on non-glibc systems
+        assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLES}"
+
+
+def test_the_entry_point_restarts_before_torch_loads():
+    """glibc reads its malloc settings at start-up: the restart must come before any heavy import."""
+    tree = ast.parse((ROOT / "src" / "train.py").read_text())
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr) or isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    first = body[0]
+    assert isinstance(first, ast.If) and "restart_with_lean_malloc" in ast.unparse(first)
