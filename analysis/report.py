@@ -24,8 +24,9 @@ IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_
                   "progress", "log_every", "checkpoint", "eval_batch_size"}
 # how long and how a run was trained, not what was studied: learning-curve runs of different sizes
 # often get different step caps, and splitting the fit by them would be wrong (--by overrides)
-IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol",
-                                                 "eval_every", "train_eval_size", "num_threads", "compile", "channels_last")}
+IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in (
+    "max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol",
+    "eval_every", "train_eval_size", "num_threads", "compile", "channels_last")}
 MAX_GROUPS = 12  # curves per figure and rows in the Markdown table (the CSV has them all)
 
 
@@ -34,8 +35,9 @@ def varied_keys(df: pd.DataFrame) -> list[str]:
     (``IGNORED_RUN_SETTINGS``); of keys that map one-to-one onto each other (model._target_ and
     model.name) only the first is kept."""
     cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
-    keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES) and c not in IGNORED_RUN_SETTINGS
-            and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES and df[c].astype(str).nunique() > 1]
+    keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
+            and c not in IGNORED_RUN_SETTINGS and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES
+            and df[c].astype(str).nunique() > 1]
     kept: list[str] = []
     for k in keys:
         s = df[k].astype(str)

@@ -51,7 +51,8 @@ def _without_malloc_settings() -> dict[str, str]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings are Linux-only")
 def test_training_processes_restart_once_with_lean_malloc_settings():
-    code = "import os, src.malloc as m; print('start', flush=True); m.restart_with_lean_malloc(); print(os.environ.get('GLIBC_TUNABLES'))"
+    code = ("import os, src.malloc as m; print('start', flush=True); m.restart_with_lean_malloc(); "
+            "print(os.environ.get('GLIBC_TUNABLES'))")
     env = _without_malloc_settings()
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.stdout.split() == ["start", "start", TUNABLES], done.stderr
@@ -70,6 +71,7 @@ def test_lean_malloc_keeps_the_users_own_tunables():
 def test_the_entry_point_restarts_before_torch_loads():
     """glibc reads its malloc settings at start-up: the restart must come before any heavy import."""
     tree = ast.parse((ROOT / "src" / "train.py").read_text())
-    body = [n for n in tree.body if not (isinstance(n, ast.Expr) or isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    body = [n for n in tree.body
+            if not (isinstance(n, ast.Expr) or isinstance(n, ast.ImportFrom) and n.module == "__future__")]
     first = body[0]
     assert isinstance(first, ast.If) and "restart_with_lean_malloc" in ast.unparse(first)

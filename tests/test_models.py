@@ -92,8 +92,7 @@ def test_memory_lean_mlp_matches_gelu_dropout_linear(dtype, tol):
 
 def test_memory_lean_norm_linear_matches_layer_norm_then_linear():
     x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
-    params = [torch.randn(16, dtype=torch.float64, requires_grad=True), torch.randn(16, dtype=torch.float64, requires_grad=True),
-              torch.randn(6, 16, dtype=torch.float64, requires_grad=True), torch.randn(6, dtype=torch.float64, requires_grad=True)]
+    params = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((16,), (16,), (6, 16), (6,))]
     lw, lb, w, b = params
     outs = [fn(x, lw, lb, 1e-5, w, b) for fn in (_LayerNormLinear.apply, _ref_layer_norm_linear)]
     assert torch.allclose(*outs, atol=1e-10)

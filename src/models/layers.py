@@ -134,7 +134,8 @@ class _LayerNormLinear(torch.autograd.Function):
 
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> torch.Tensor:
     """``linear(norm(x))``; eager CPU training takes the memory-lean :class:`_LayerNormLinear`."""
-    if norm.training and _eager_cpu(x) and torch.is_grad_enabled() and norm.weight is not None and norm.bias is not None:
+    lean = norm.training and torch.is_grad_enabled() and norm.weight is not None and norm.bias is not None
+    if lean and _eager_cpu(x):
         return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
     return linear(norm(x))
 
@@ -207,8 +208,10 @@ class MLP(nn.Module):
     def from_hidden(self, a: torch.Tensor) -> torch.Tensor:
         """The MLP after ``fc1``: dropout(fc2(dropout(act(a))))."""
         p = self.drop.p
-        if self.training and 0 < p < 1 and _eager_cpu(a) and isinstance(self.act, nn.GELU) and self.act.approximate == "none":
-            return self.drop(_GeluDropLinear.apply(a, dropout_keep(a, p), 1.0 / (1.0 - p), self.fc2.weight, self.fc2.bias))
+        exact_gelu = isinstance(self.act, nn.GELU) and self.act.approximate == "none"
+        if self.training and 0 < p < 1 and exact_gelu and _eager_cpu(a):
+            keep = dropout_keep(a, p)
+            return self.drop(_GeluDropLinear.apply(a, keep, 1.0 / (1.0 - p), self.fc2.weight, self.fc2.bias))
         return self.drop(self.fc2(self.drop(self.act(a))))
 
 
