@@ -49,6 +49,15 @@ class Dropout(nn.Dropout):
         return _MaskedScale.apply(x, dropout_keep(x, self.p), 1.0 / (1.0 - self.p))
 
 
+def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, has_bias: bool):
+    """Gradients of ``F.linear(inp, weight, bias)``: (input, weight, bias or None), the last two in the
+    weight's dtype (under autocast ``grad`` and ``inp`` may be bf16)."""
+    g2 = grad.reshape(-1, grad.shape[-1])
+    grad_w = (g2.t() @ inp.reshape(-1, inp.shape[-1]).to(g2.dtype)).to(weight.dtype)
+    grad_b = g2.sum(0).to(weight.dtype) if has_bias else None
+    return grad @ weight.to(grad.dtype), grad_w, grad_b
+
+
 class _DropAttention(torch.autograd.Function):
     """dropout(softmax(q k^T / sqrt(d))) @ v that saves only q, k, v (views of the fused QKV output), the
     probabilities and the boolean keep-mask; the dropped probabilities are recomputed in backward.
@@ -96,10 +105,8 @@ class _GeluDropLinear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         a, keep, weight = ctx.saved_tensors
         h = F.gelu(a).mul_(keep).mul_(ctx.inv_keep)
-        g2 = grad.reshape(-1, grad.shape[-1])
-        grad_w = (g2.t() @ h.reshape(-1, h.shape[-1])).to(weight.dtype)
-        grad_b = g2.sum(0).to(weight.dtype) if ctx.has_bias else None
-        grad_h = (grad @ weight.to(grad.dtype)).mul_(keep).mul_(ctx.inv_keep)
+        grad_h, grad_w, grad_b = _linear_backward(grad, h, weight, ctx.has_bias)
+        grad_h.mul_(keep).mul_(ctx.inv_keep)
         return torch.ops.aten.gelu_backward(grad_h, a), None, None, grad_w, grad_b
 
 
@@ -122,11 +129,9 @@ class _LayerNormLinear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, mean, rstd, ln_weight, ln_bias, weight = ctx.saved_tensors
         y = (x - mean).mul_(rstd).mul_(ln_weight).add_(ln_bias)
-        g2 = grad.reshape(-1, grad.shape[-1])
-        grad_w = (g2.t() @ y.reshape(-1, y.shape[-1]).to(g2.dtype)).to(weight.dtype)
-        grad_b = g2.sum(0).to(weight.dtype) if ctx.has_bias else None
+        grad_y, grad_w, grad_b = _linear_backward(grad, y, weight, ctx.has_bias)
         del y
-        grad_y = (grad @ weight.to(grad.dtype)).to(x.dtype)
+        grad_y = grad_y.to(x.dtype)
         grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
             grad_y, x, [x.shape[-1]], mean, rstd, ln_weight, ln_bias, [True, True, True])
         return grad_x, grad_lw, grad_lb, None, grad_w, grad_b
