@@ -23,8 +23,11 @@ def lean_malloc_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
     """The environment to restart with, or None when no restart is needed (set already, opted out,
     or not glibc)."""
     env = dict(os.environ if env is None else env)
-    have = env.get("GLIBC_TUNABLES", "")
-    if env.get("VITSWEEP_MALLOC", "lean") == "default" or "glibc.malloc.tcache_count" in have:
+    have, choice = env.get("GLIBC_TUNABLES", ""), env.get("VITSWEEP_MALLOC", "lean")
+    if choice not in ("lean", "default"):
+        raise SystemExit(f"VITSWEEP_MALLOC={choice!r} is unknown: set it to 'lean' (the default) or 'default' "
+                         "(glibc's own malloc settings), or unset it")
+    if choice == "default" or "glibc.malloc.tcache_count" in have:
         return None
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):

@@ -61,6 +61,11 @@ def test_training_processes_restart_once_with_lean_malloc_settings():
     assert opted_out.stdout.split() == ["start", "None"], opted_out.stderr
 
 
+def test_a_misspelt_malloc_choice_stops_with_the_fix():
+    with pytest.raises(SystemExit, match="VITSWEEP_MALLOC='defualt' is unknown: set it to 'lean'"):
+        lean_malloc_env({"VITSWEEP_MALLOC": "defualt"})
+
+
 def test_lean_malloc_keeps_the_users_own_tunables():
     assert lean_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}) is None
     env = lean_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
