@@ -92,23 +92,41 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
     return save_figure(fig, out)
 
 
+TRAIN_LINES = (("train", "-", "labels trained on"), ("train_clean", "--", "clean labels"),
+               ("train_noisy_subset", ":", "flipped images, noisy labels"))
+
+
 def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path) -> Path:
-    """Train and test error against width, one line per noise level (band = std over seeds)."""
+    """Train and test error against width, one colour per noise level (band = std over seeds).
+
+    The train panel draws the error against the labels trained on (solid) and, when the runs recorded
+    them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
+    Peaks that stand above the seed spread get a black cross, bumps within noise a grey circle."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     for i, (label, c) in enumerate(_groups(curves, [*by, noise])):
         color = f"C{i % 10}"
         c = c.sort_values(width)
-        for ax, split in zip(axes, ("train", "test")):
-            m, s = c[f"{split}_mean"].to_numpy(), c[f"{split}_std"].fillna(0).to_numpy()
-            ax.plot(c[width], 100 * m, "o-", color=color, label=label, ms=3)
-            ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
+        lines = [(axes[0], *t) for t in TRAIN_LINES if f"{t[0]}_mean" in c and c[f"{t[0]}_mean"].notna().any()]
+        for ax, col, style, what in [*lines, (axes[1], "test", "-", "")]:
+            m, s = c[f"{col}_mean"].to_numpy(float), c[f"{col}_std"].fillna(0).to_numpy(float)
+            name = f"{label} ({what})" if what and len(lines) > 1 else label
+            ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
+            if style == "-":
+                ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
-        axes[1].plot(peaks["peak_width"], 100 * peaks["peak_test_error"], "kx", ms=9, label="test-error peak")
-    for ax, split in zip(axes, ("train", "test")):
-        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)",
-               title=f"{split} error vs width (mean ± std over seeds)")
+        sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
+        if sig.any():
+            axes[1].plot(peaks.loc[sig, "peak_width"], 100 * peaks.loc[sig, "peak_test_error"], "kx", ms=9,
+                         label="test-error peak")
+        if (~sig).any():
+            axes[1].plot(peaks.loc[~sig, "peak_width"], 100 * peaks.loc[~sig, "peak_test_error"], "o", ms=9,
+                         mfc="none", color="0.5", label="bump within seed noise")
+    titles = {"train": "train error vs width (mean ± std over seeds)",
+              "test": "test error vs width (mean ± std over seeds)"}
+    for ax, split in zip(axes, ("train", "test"), strict=True):
+        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)", title=titles[split])
         ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.legend(fontsize=7)
     return save_figure(fig, out)

@@ -179,8 +179,8 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     ``n_points`` (distinct sizes), ``n_seeds`` (fewest seeds at any size), ``x_min``, ``x_max``,
     ``ci_method``; with ``offset=True`` also the fit of ``y = offset_prefactor * x^offset_alpha + offset``
     (on the arithmetic means) and its percentile-bootstrap ranges over ``n_boot`` resamples
-    (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not ``status`` are excluded
-    (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
+    (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not
+    ``status`` are excluded (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
     ``errors="skip"`` is left out with a warning. Each run at a size counts as one seed; runs repeating a
     (size, ``seed_col``) pair are averaged first.
     """
@@ -203,7 +203,8 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
             g = g.groupby([x, seed_col], as_index=False)[y].mean()
         per_size = {n: grp[y].to_numpy(float) for n, grp in g.groupby(x)}
         if len(per_size) < 3:
-            msg = f"{label}: a power-law fit needs >= 3 distinct values of {x}, got {len(per_size)} ({sorted(per_size)})"
+            msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
+                   f"got {len(per_size)} ({sorted(per_size)})")
             if errors == "skip":
                 warnings.warn(msg + "; group skipped", stacklevel=2)
                 continue
