@@ -174,7 +174,7 @@ def double_descent_sweep(root: Path, seeds: int = 3) -> Path:
                0.2: ([0.4, 0.3, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0], [0.5, 0.35, 0.3, 0.33, 0.45, 0.35, 0.3, 0.28])}
     rng, num = np.random.default_rng(2), 0
     for p, (train, test) in planted.items():
-        for w, tr, te in zip(widths, train, test):
+        for w, tr, te in zip(widths, train, test, strict=True):
             for s in range(seeds):
                 jitter = 0.004 * rng.standard_normal(2)
                 write_run(root, num, config(s, width=w, noise=p),
