@@ -323,3 +323,14 @@ def test_double_descent_clean_and_noisy_train_errors_drawn_when_recorded(tmp_pat
     finally:
         plt.Axes.legend = orig
     assert any("clean labels" in s for s in labels) and any("flipped images" in s for s in labels)
+
+
+def test_analysis_imports_nothing_from_src():
+    """analysis/ reads run dirs and Optuna storages only (the attention tool lives in src.attention)."""
+    import ast
+
+    for path in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "src" or n.startswith("src.") for n in names), f"{path.name} imports {names}"
