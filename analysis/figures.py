@@ -20,7 +20,7 @@ def group_label(by: list[str], key) -> str:
     """"patch=4, p=0.1"; a ``_target_`` shows as its group and class ("model=ViT")."""
     key = key if isinstance(key, tuple) else (key,)
     parts = []
-    for k, v in zip(by, key):
+    for k, v in zip(by, key, strict=True):
         if k.endswith("._target_"):
             parts.append(f"{k.split('.')[-2]}={str(v).rsplit('.', 1)[-1]}")
         else:
@@ -72,7 +72,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
     for i, fit in enumerate(fits.to_dict("records")):
         key = tuple(fit[k] for k in by) if by else ()
         sel = np.ones(len(points), bool)
-        for k, v in zip(by, key):
+        for k, v in zip(by, key, strict=True):
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
         color = f"C{i % 10}"
@@ -142,7 +142,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
     levels = list(dict.fromkeys(hue)) if hue is not None else ["all runs"]
     colors = [f"C{levels.index(v) % 10}" for v in hue] if hue is not None else ["C0"] * len(table)
     pos = np.arange(len(table))
-    for ax, m in zip(axes[0], metrics):
+    for ax, m in zip(axes[0], metrics, strict=True):
         header, kind = METRICS.get(m, (m, "num"))
         scale = 100.0 if kind == "pct" else 1.0
         unit_header = "training time (s)" if kind == "time" else header

@@ -193,7 +193,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     groups = df.groupby(by, dropna=False) if by else [((), df)]
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={v}" for k, v in zip(by, key)) or "all runs"
+        label = ", ".join(f"{k}={v}" for k, v in zip(by, key, strict=True)) or "all runs"
         nonpos = g[g[y] <= 0]
         if len(nonpos):
             warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=2)
@@ -212,7 +212,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
         sizes = np.array(sorted(per_size), dtype=float)
         table = _seed_matrix(g, x, y, seed_col)
         fit = _group_fit(sizes, [per_size[n] for n in sorted(per_size)], table, n_boot, offset, rng, label)
-        rows.append({**dict(zip(by, key)), **fit})
+        rows.append({**dict(zip(by, key, strict=True)), **fit})
     order = ["alpha", "alpha_lo", "alpha_hi", "prefactor", "r2", "n_points", "n_seeds", "x_min", "x_max"]
     if not rows:
         raise ValueError(f"no group has >= 3 distinct values of {x}")

@@ -10,8 +10,16 @@ import pytest
 import yaml
 from PIL import Image
 
-from analysis import (MissingColumnError, descent_curves, descent_summary, fit_learning_curve, load_history,
-                      load_runs, load_study, summary_table)
+from analysis import (
+    MissingColumnError,
+    descent_curves,
+    descent_summary,
+    fit_learning_curve,
+    load_history,
+    load_runs,
+    load_study,
+    summary_table,
+)
 from analysis.report import make_report, varied_keys
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
