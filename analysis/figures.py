@@ -125,10 +125,13 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
                          mfc="none", color="0.5", label="bump within seed noise")
     titles = {"train": "train error vs width (mean ± std over seeds)",
               "test": "test error vs width (mean ± std over seeds)"}
+    widths = sorted(curves[width].dropna().unique())
+    widths = widths[:: -(-len(widths) // 12)]  # at most about 12 labelled ticks
     for ax, split in zip(axes, ("train", "test"), strict=True):
         ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)", title=titles[split])
+        ax.set_xticks(widths, [f"{w:g}" for w in widths], fontsize=7)
         ax.xaxis.set_minor_formatter(mticker.NullFormatter())
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, handlelength=3.5)
     return save_figure(fig, out)
 
 
