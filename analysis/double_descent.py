@@ -1,17 +1,38 @@
 """Double descent: train and test error against model width, one curve per label-noise level.
 
-The interpolation threshold is the smallest width whose mean train error is below ``tol``; the
-test-error peak is the highest interior local maximum of the mean test-error curve (a width whose
-mean exceeds both neighbours), so the underfitting end of the curve never counts as the peak.
+Interpolation threshold: the smallest width whose mean train error (against the labels the model was
+trained on, noisy ones included) is at most ``tol``.
+
+Peak: the highest strict local maximum of the mean test-error curve among the widths within a factor
+``window`` (default 4: two steps of a doubling grid) of the interpolation threshold, compared with its
+neighbours on the whole curve. Without an interpolating width no peak is searched: a curve that never
+interpolates cannot show the second descent. A bump in the under-fitting end of the curve is therefore
+never the peak.
+
+Height over the seed spread: ``peak_height`` is the peak's prominence (``scipy.signal.peak_prominences``:
+its mean test error minus the higher of the lowest points on either side before the curve rises above
+it again); ``peak_z`` divides it by the standard error of a difference of two seed means,
+``pooled_sd * sqrt(2 / n_seeds)``, with ``pooled_sd`` the test-error standard deviation over seeds pooled
+over every width of the curve. ``peak_significant`` is ``peak_z`` above the two-sided 5% point of a t
+distribution with the pooled degrees of freedom. The base is the curve's lowest point and the peak its
+highest, so the test is somewhat optimistic (they were chosen after looking); a curve with one seed per
+width has no spread and never gets a significant peak.
+
+Runs that record them (the trainer's ``train_error_clean``: error on the training images against their
+true labels, and ``train_error_noisy_subset``: error on the flipped images against their noisy labels)
+add ``train_clean_*`` and ``train_noisy_subset_*`` columns; older runs without them just lack those columns.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import signal, stats
 
 from analysis.load import completed_only, require_columns
 
 WIDTH_KEYS = ("model.width", "model.dim", "model.embed_dim", "model.channels")
+# optional train metrics: summary key -> column prefix in descent_curves
+EXTRA_TRAIN = {"train_error_clean": "train_clean", "train_error_noisy_subset": "train_noisy_subset"}
 
 
 def width_column(df: pd.DataFrame) -> str:
@@ -26,50 +47,86 @@ def width_column(df: pd.DataFrame) -> str:
 def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "label_noise.p",
                    train: str = "train_error", test: str = "test_error", by: list[str] | None = None,
                    status: str | None = "completed") -> pd.DataFrame:
-    """Mean, std and seed count of train and test error per (by..., noise, width), sorted by width."""
+    """Mean, std and seed count of train and test error per (by..., noise, width), sorted by width.
+
+    Columns ``train_mean/std``, ``test_mean/std``, ``n_seeds``, plus ``train_clean_mean/std`` and
+    ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``."""
     width = width or width_column(df)
     by = list(by or [])
     require_columns(df, width, noise, train, test, *by)
     df = completed_only(df, "descent_curves", status)
     keys = [*by, noise, width]
+    metrics = {train: "train", test: "test"}
+    metrics.update({k: v for k, v in EXTRA_TRAIN.items() if k in df.columns and df[k].notna().any()})
     g = df.groupby(keys, dropna=False)
-    out = g[[train, test]].agg(["mean", "std"])
-    out.columns = ["train_mean", "train_std", "test_mean", "test_std"]
-    out["n_seeds"] = g.size()
+    out = g[list(metrics)].agg(["mean", "std"])
+    out.columns = [f"{metrics[m]}_{stat}" for m, stat in out.columns]
+    out["n_seeds"] = g[test].count()
     out = out.reset_index().sort_values(keys, ignore_index=True)
     out.attrs.update(width=width, noise=noise, by=by)
     return out
 
 
-def _interior_peak(test: np.ndarray) -> int | None:
-    """Index of the highest strict interior local maximum, or None for a curve without one."""
-    peaks = [i for i in range(1, len(test) - 1) if test[i] > test[i - 1] and test[i] > test[i + 1]]
-    return max(peaks, key=lambda i: test[i]) if peaks else None
+def _pooled_sd(c: pd.DataFrame) -> tuple[float, int]:
+    """Test-error standard deviation over seeds pooled over the widths of one curve, and its dof."""
+    dof = (c["n_seeds"] - 1).clip(lower=0)
+    ok = dof > 0
+    total = int(dof[ok].sum())
+    if total == 0:
+        return np.nan, 0
+    return float(np.sqrt((dof[ok] * c.loc[ok, "test_std"] ** 2).sum() / total)), total
 
 
-def descent_summary(curves: pd.DataFrame, tol: float = 0.01) -> pd.DataFrame:
-    """Per noise level: interpolation threshold, test-error peak and the errors around it.
+def find_peak(w: np.ndarray, test: np.ndarray, interp: float, window: float = 4.0) -> tuple[int | None, float]:
+    """Index of the highest strict local maximum of ``test`` with width in [interp / window, interp * window],
+    and its prominence; (None, nan) without one or when ``interp`` is NaN."""
+    if not np.isfinite(interp):
+        return None, np.nan
+    peaks, _ = signal.find_peaks(test)
+    peaks = [i for i in peaks if interp / window <= w[i] <= interp * window]
+    if not peaks:
+        return None, np.nan
+    best = max(peaks, key=lambda i: test[i])
+    return int(best), float(signal.peak_prominences(test, [best])[0][0])
 
-    Columns: the group keys, ``interpolation_width`` (NaN when no width interpolates),
-    ``peak_width`` and ``peak_test_error`` (NaN without an interior peak), ``min_test_error_before_peak``,
-    ``final_test_error`` (at the largest width), ``best_width`` and ``best_test_error``.
-    """
+
+def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float) -> dict:
+    c = c.sort_values(width)
+    w, test = c[width].to_numpy(float), c["test_mean"].to_numpy(float)
+    fits = c["train_mean"].to_numpy() <= tol
+    interp = w[fits.argmax()] if fits.any() else np.nan
+    peak, height = find_peak(w, test, interp, window)
+    sd, dof = _pooled_sd(c)
+    n = float(c["n_seeds"].min())
+    z = height / (sd * np.sqrt(2.0 / n)) if peak is not None and dof > 0 and sd > 0 else np.nan
+    best = int(np.argmin(test))
+    return {
+        "interpolation_width": interp,
+        "window_lo": interp / window, "window_hi": interp * window,
+        "peak_width": w[peak] if peak is not None else np.nan,
+        "peak_test_error": test[peak] if peak is not None else np.nan,
+        "peak_height": height, "peak_z": z,
+        "peak_significant": bool(np.isfinite(z) and z > stats.t.ppf(0.975, dof)),
+        "pooled_test_sd": sd,
+        "min_test_error_before_peak": test[:peak].min() if peak is not None else np.nan,
+        "final_test_error": test[-1],
+        "best_width": w[best], "best_test_error": test[best],
+    }
+
+
+def descent_summary(curves: pd.DataFrame, tol: float = 0.01, window: float = 4.0) -> pd.DataFrame:
+    """Per noise level: interpolation threshold, test-error peak near it, its height over the seed spread.
+
+    Columns: the group keys, ``interpolation_width`` (NaN when no width interpolates), ``window_lo`` and
+    ``window_hi`` (the widths searched), ``peak_width``, ``peak_test_error``, ``peak_height`` (prominence),
+    ``peak_z`` (height / standard error of a difference of seed means), ``peak_significant``,
+    ``pooled_test_sd``, ``min_test_error_before_peak``, ``final_test_error`` (at the largest width),
+    ``best_width`` and ``best_test_error``; peak columns are NaN without a peak (see the module docstring)."""
+    if window < 1:
+        raise ValueError(f"window={window}: the peak window is a factor around the threshold, >= 1 (default 4)")
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     rows = []
     for key, c in curves.groupby([*by, noise], dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        c = c.sort_values(width)
-        w, test = c[width].to_numpy(), c["test_mean"].to_numpy()
-        fits = c["train_mean"].to_numpy() < tol
-        peak = _interior_peak(test)
-        best = int(np.argmin(test))
-        rows.append({
-            **dict(zip([*by, noise], key)),
-            "interpolation_width": w[fits.argmax()] if fits.any() else np.nan,
-            "peak_width": w[peak] if peak is not None else np.nan,
-            "peak_test_error": test[peak] if peak is not None else np.nan,
-            "min_test_error_before_peak": test[:peak].min() if peak is not None else np.nan,
-            "final_test_error": test[-1],
-            "best_width": w[best], "best_test_error": test[best],
-        })
+        rows.append({**dict(zip([*by, noise], key, strict=True)), **_curve_summary(c, width, tol, window)})
     return pd.DataFrame(rows)

@@ -20,7 +20,7 @@ def group_label(by: list[str], key) -> str:
     """"patch=4, p=0.1"; a ``_target_`` shows as its group and class ("model=ViT")."""
     key = key if isinstance(key, tuple) else (key,)
     parts = []
-    for k, v in zip(by, key):
+    for k, v in zip(by, key, strict=True):
         if k.endswith("._target_"):
             parts.append(f"{k.split('.')[-2]}={str(v).rsplit('.', 1)[-1]}")
         else:
@@ -72,7 +72,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
     for i, fit in enumerate(fits.to_dict("records")):
         key = tuple(fit[k] for k in by) if by else ()
         sel = np.ones(len(points), bool)
-        for k, v in zip(by, key):
+        for k, v in zip(by, key, strict=True):
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
         color = f"C{i % 10}"
@@ -92,25 +92,46 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
     return save_figure(fig, out)
 
 
+TRAIN_LINES = (("train", "-", "labels trained on"), ("train_clean", "--", "clean labels"),
+               ("train_noisy_subset", ":", "flipped images, noisy labels"))
+
+
 def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path) -> Path:
-    """Train and test error against width, one line per noise level (band = std over seeds)."""
+    """Train and test error against width, one colour per noise level (band = std over seeds).
+
+    The train panel draws the error against the labels trained on (solid) and, when the runs recorded
+    them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
+    Peaks that stand above the seed spread get a black cross, bumps within noise a grey circle."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     for i, (label, c) in enumerate(_groups(curves, [*by, noise])):
         color = f"C{i % 10}"
         c = c.sort_values(width)
-        for ax, split in zip(axes, ("train", "test")):
-            m, s = c[f"{split}_mean"].to_numpy(), c[f"{split}_std"].fillna(0).to_numpy()
-            ax.plot(c[width], 100 * m, "o-", color=color, label=label, ms=3)
-            ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
+        lines = [(axes[0], *t) for t in TRAIN_LINES if f"{t[0]}_mean" in c and c[f"{t[0]}_mean"].notna().any()]
+        for ax, col, style, what in [*lines, (axes[1], "test", "-", "")]:
+            m, s = c[f"{col}_mean"].to_numpy(float), c[f"{col}_std"].fillna(0).to_numpy(float)
+            name = f"{label} ({what})" if what and len(lines) > 1 else label
+            ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
+            if style == "-":
+                ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
-        axes[1].plot(peaks["peak_width"], 100 * peaks["peak_test_error"], "kx", ms=9, label="test-error peak")
-    for ax, split in zip(axes, ("train", "test")):
-        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)",
-               title=f"{split} error vs width (mean ± std over seeds)")
+        sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
+        if sig.any():
+            axes[1].plot(peaks.loc[sig, "peak_width"], 100 * peaks.loc[sig, "peak_test_error"], "kx", ms=9,
+                         label="test-error peak")
+        if (~sig).any():
+            axes[1].plot(peaks.loc[~sig, "peak_width"], 100 * peaks.loc[~sig, "peak_test_error"], "o", ms=9,
+                         mfc="none", color="0.5", label="bump within seed noise")
+    titles = {"train": "train error vs width (mean ± std over seeds)",
+              "test": "test error vs width (mean ± std over seeds)"}
+    widths = sorted(curves[width].dropna().unique())
+    widths = widths[:: -(-len(widths) // 12)]  # at most about 12 labelled ticks
+    for ax, split in zip(axes, ("train", "test"), strict=True):
+        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)", title=titles[split])
+        ax.set_xticks(widths, [f"{w:g}" for w in widths], fontsize=7)
         ax.xaxis.set_minor_formatter(mticker.NullFormatter())
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, handlelength=3.5)
     return save_figure(fig, out)
 
 
@@ -124,7 +145,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
     levels = list(dict.fromkeys(hue)) if hue is not None else ["all runs"]
     colors = [f"C{levels.index(v) % 10}" for v in hue] if hue is not None else ["C0"] * len(table)
     pos = np.arange(len(table))
-    for ax, m in zip(axes[0], metrics):
+    for ax, m in zip(axes[0], metrics, strict=True):
         header, kind = METRICS.get(m, (m, "num"))
         scale = 100.0 if kind == "pct" else 1.0
         unit_header = "training time (s)" if kind == "time" else header

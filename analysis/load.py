@@ -166,7 +166,7 @@ def _optuna_states(df: pd.DataFrame) -> pd.Series:
             continue
         sel = (df["trial.storage"] == storage) & (df["study_name"] == study_name)
         states[sel] = df.loc[sel, "trial_number"].map(
-            lambda n: trials.get(int(n)) if pd.notna(n) else None
+            lambda n, trials=trials: trials.get(int(n)) if pd.notna(n) else None
         )
     return states
 
@@ -240,10 +240,10 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
     by_number = {}
     if "trial_number" in runs.columns:
         mine = runs[runs["study_name"] == study_name] if "study_name" in runs.columns else runs
-        by_number = {int(n): d for n, d in zip(mine["trial_number"], mine["run_dir"]) if pd.notna(n)}
+        by_number = {int(n): d for n, d in zip(mine["trial_number"], mine["run_dir"], strict=True) if pd.notna(n)}
     attr = trials.get("user_attrs_run_dir", pd.Series(None, index=trials.index, dtype=object))
     key = [str(Path(a).resolve()) if isinstance(a, str) else by_number.get(int(n))
-           for a, n in zip(attr, trials["number"])]
+           for a, n in zip(attr, trials["number"], strict=True)]
     joined = trials.assign(_key=key).merge(runs.add_prefix("runs_"), how="left", left_on="_key",
                                            right_on="runs_run_dir")
     return joined.drop(columns="_key")

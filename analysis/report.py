@@ -100,9 +100,11 @@ def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
 def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot: int) -> None:
     x = "n_train" if "n_train" in runs and runs["n_train"].notna().all() else "dataset.n_train"
     by = [k for k in varied if k != "dataset.n_train"]
-    rep.add("## Learning curves", "", f"`test_error ≈ prefactor · n^alpha`, least squares in log-log on seed means "
-            f"(n = `{x}`, images trained on); alpha_lo/alpha_hi: 95% bootstrap over seeds. "
-            "The offset model `a · n^alpha + c` is fitted when there are >= 4 sizes.", "")
+    rep.add("## Learning curves", "", "`test_error ≈ prefactor · n^alpha`, least squares in log-log on the "
+            f"geometric mean over seeds (n = `{x}`, images trained on); alpha_lo/alpha_hi: 95% t-interval over "
+            "the per-seed slopes (`ci_method` names the fallback used with fewer than 2 complete seeds). "
+            "The offset model `a · n^alpha + c` is fitted when there are >= 4 sizes; its `_lo`/`_hi` columns are "
+            "a percentile bootstrap over seeds, too narrow with 3-4 seeds: a sensitivity check only.", "")
     sizes = runs[x].nunique()
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -126,8 +128,12 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
     curves = descent_curves(runs, width=width, noise=noise, by=by)
     summary = descent_summary(curves, tol=tol)
     rep.add("## Double descent", "", f"Train and test error against `{width}` per `{noise}`. Interpolation "
-            f"threshold: smallest width with mean train error < {tol}; peak: highest interior local maximum "
-            "of the mean test error.", "")
+            f"threshold: smallest width with mean train error <= {tol} (against the labels trained on). Peak: "
+            "highest local maximum of the mean test error within a factor 4 of the threshold (`window_lo`.."
+            "`window_hi`); `peak_height` is its prominence and `peak_z` that height over the standard error of a "
+            "difference of seed means (test-error spread pooled over widths); `peak_significant` when it "
+            "exceeds the 5% t point. The train panel adds the error on clean labels (dashed) and on the "
+            "flipped images (dotted) when the runs recorded them.", "")
     rep.table(summary, "double_descent_summary")
     rep.table(curves, "double_descent_curves")
     rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png"),
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+", help="sweep output folders (searched recursively for run dirs)")
     ap.add_argument("--out", default=None, help="output folder (default: FIRST_PATH/report)")
-    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap samples for fit intervals")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap samples for the offset model's ranges")
     ap.add_argument("--tol", type=float, default=0.01, help="train error below which a width interpolates")
     ap.add_argument("--by", nargs="+", default=None, metavar="KEY",
                     help="config keys that define the compared settings (default: every key that varied, "

@@ -61,7 +61,8 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     for m in metrics:
         header, kind = METRICS.get(m, (m, "num"))
         mean, std = table[f"{m}_mean"], table[f"{m}_std"]
-        out[header] = [_fmt(a, kind) + (f" ± {_fmt(b, kind)}" if np.isfinite(b) else "") for a, b in zip(mean, std)]
+        out[header] = [_fmt(a, kind) + (f" ± {_fmt(b, kind)}" if np.isfinite(b) else "")
+                       for a, b in zip(mean, std, strict=True)]
     out["seeds"] = table["n_seeds"]
     return out
 

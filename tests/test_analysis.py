@@ -10,8 +10,16 @@ import pytest
 import yaml
 from PIL import Image
 
-from analysis import (MissingColumnError, descent_curves, descent_summary, fit_learning_curve, load_history,
-                      load_runs, load_study, summary_table)
+from analysis import (
+    MissingColumnError,
+    descent_curves,
+    descent_summary,
+    fit_learning_curve,
+    load_history,
+    load_runs,
+    load_study,
+    summary_table,
+)
 from analysis.report import make_report, varied_keys
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -174,7 +182,7 @@ def double_descent_sweep(root: Path, seeds: int = 3) -> Path:
                0.2: ([0.4, 0.3, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0], [0.5, 0.35, 0.3, 0.33, 0.45, 0.35, 0.3, 0.28])}
     rng, num = np.random.default_rng(2), 0
     for p, (train, test) in planted.items():
-        for w, tr, te in zip(widths, train, test):
+        for w, tr, te in zip(widths, train, test, strict=True):
             for s in range(seeds):
                 jitter = 0.004 * rng.standard_normal(2)
                 write_run(root, num, config(s, width=w, noise=p),
@@ -252,3 +260,85 @@ def test_report_double_descent_sweep(tmp_path):
     _promised(files, out, {"report.md", "tables/double_descent_summary.csv", "tables/double_descent_curves.csv",
                            "figures/double_descent.png", "tables/results.csv", "figures/history.png"})
     assert "## Learning curves" not in (out / "report.md").read_text()
+
+
+def curves_frame(test: list[float], train: list[float], sd: float, seeds: int = 3, rng: int = 0,
+                 **extra: list[float]) -> pd.DataFrame:
+    """Runs whose seed means are exactly ``test``/``train`` per width 1, 2, 4, ... and whose test error
+    spreads by ``sd`` over seeds."""
+    g = np.random.default_rng(rng)
+    rows = []
+    for i, (te, tr) in enumerate(zip(test, train, strict=True)):
+        z = g.standard_normal(seeds)
+        z = (z - z.mean()) / z.std(ddof=1) if seeds > 1 else 0 * z  # mean 0, std 1: the means stay as planted
+        for s in range(seeds):
+            rows.append({"model.width": 2**i, "label_noise.p": 0.2, "seed": s, "status": "completed",
+                         "test_error": te + sd * z[s], "train_error": tr, **{k: v[i] for k, v in extra.items()}})
+    return pd.DataFrame(rows)
+
+
+ISSUE_TEST = [0.60, 0.62, 0.50, 0.40, 0.45, 0.35, 0.30]  # widths 1..64, interpolation at 32
+ISSUE_TRAIN = [0.5, 0.45, 0.3, 0.2, 0.05, 0.0, 0.0]
+
+
+def test_double_descent_peak_searched_near_the_interpolation_threshold():
+    summ = descent_summary(descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01))).iloc[0]
+    assert summ["interpolation_width"] == 32
+    assert summ["window_lo"] == 8 and summ["window_hi"] == 128
+    assert summ["peak_width"] == 16  # not the seed-noise bump at width 2, outside the window
+    assert summ["peak_height"] == pytest.approx(0.05)  # 0.45 over the 0.40 at width 8
+    assert summ["peak_z"] == pytest.approx(0.05 / (0.01 * np.sqrt(2 / 3)))
+    assert summ["peak_significant"]
+
+
+def test_double_descent_bump_within_seed_noise_is_not_significant():
+    summ = descent_summary(descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.05))).iloc[0]
+    assert summ["peak_width"] == 16 and summ["peak_z"] < 2 and not summ["peak_significant"]
+    one_seed = descent_summary(descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.0, seeds=1))).iloc[0]
+    assert one_seed["peak_width"] == 16 and np.isnan(one_seed["peak_z"]) and not one_seed["peak_significant"]
+
+
+def test_double_descent_without_interpolation_reports_no_peak():
+    summ = descent_summary(descent_curves(curves_frame(ISSUE_TEST, [0.5] * 7, sd=0.01))).iloc[0]
+    assert np.isnan(summ["interpolation_width"]) and np.isnan(summ["peak_width"]) and not summ["peak_significant"]
+    with pytest.raises(ValueError, match="window=0.5"):
+        descent_summary(descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01)), window=0.5)
+
+
+def test_double_descent_clean_and_noisy_train_errors_drawn_when_recorded(tmp_path):
+    from analysis.figures import plot_double_descent
+
+    extra = {"train_error_clean": [0.5, 0.4, 0.3, 0.25, 0.2, 0.2, 0.2],
+             "train_error_noisy_subset": [0.9] * 4 + [0.2, 0, 0]}
+    curves = descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01, **extra))
+    assert curves["train_clean_mean"].tolist() == pytest.approx(extra["train_error_clean"])
+    assert curves["train_noisy_subset_mean"].tolist() == pytest.approx(extra["train_error_noisy_subset"])
+    old = descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01))  # older runs: no such keys
+    assert not any(c.startswith("train_clean") for c in old.columns)
+    for name, c in (("new", curves), ("old", old)):
+        path = plot_double_descent(c, descent_summary(c), tmp_path / f"{name}.png")
+        with Image.open(path) as im:
+            assert im.size[0] > 200
+    import matplotlib.pyplot as plt
+    labels = []
+    orig = plt.Axes.legend
+    try:  # record the legend labels the figure draws
+        def record(self, *a, **k):
+            labels.extend(self.get_legend_handles_labels()[1])
+            return orig(self, *a, **k)
+        plt.Axes.legend = record
+        plot_double_descent(curves, descent_summary(curves), tmp_path / "x.png")
+    finally:
+        plt.Axes.legend = orig
+    assert any("clean labels" in s for s in labels) and any("flipped images" in s for s in labels)
+
+
+def test_analysis_imports_nothing_from_src():
+    """analysis/ reads run dirs and Optuna storages only (the attention tool lives in src.attention)."""
+    import ast
+
+    for path in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "src" or n.startswith("src.") for n in names), f"{path.name} imports {names}"

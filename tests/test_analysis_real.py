@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 from analysis import load_history, load_runs
-from analysis.attention import attention_maps, cls_attention, load_model, load_test_images, main
 from analysis.report import make_report
+from src.attention.maps import cls_attention
+from src.attention.tool import attention_maps, load_model, load_test_images
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHES = (2, 4)
@@ -73,14 +74,3 @@ def test_attention_maps_of_a_trained_vit(sweep, patch):
         torch.testing.assert_close(a.sum(-1), torch.ones(4, 2, tokens))
     torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-4)  # explicit attention path == SDPA path
     assert cls_attention(attns).shape == (2, 4, 2, h // patch, w // patch)
-
-
-def test_attention_cli_writes_pngs(sweep, tmp_path, capsys):
-    main([str(sweep / "0"), "--images", "3", "--per-head", "--out", str(tmp_path)])  # in-process: no re-import
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert pngs == ["attention_distance.png", "cls_attention.png", "cls_attention_heads_0.png",
-                    "cls_attention_heads_1.png", "cls_attention_heads_2.png"]
-    assert capsys.readouterr().out.count(".png") == 5
-    for p in tmp_path.glob("*.png"):
-        with Image.open(p) as im:
-            im.verify()

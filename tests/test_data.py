@@ -32,7 +32,7 @@ def test_npz_layout_loads_and_caches(tmp_path):
 def test_folder_layout_loads(tmp_path):
     x, y = _arrays(n=12, channels=1)
     for split in ("train", "test"):
-        for i, (img, label) in enumerate(zip(x, y)):
+        for i, (img, label) in enumerate(zip(x, y, strict=True)):
             d = tmp_path / split / f"class{label}"
             d.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img[..., 0]).save(d / f"{i}.png")
@@ -121,3 +121,50 @@ def test_real_mnist_npz_loads():
     data = build_data(dict(name="mnist", root=str(shared_npz("mnist")), image_size=32, n_train=1000))
     assert data.x_train.shape == (1000, 1, 32, 32) and data.x_test.shape == (10000, 1, 32, 32)
     assert data.mean[0] == pytest.approx(0.1307, abs=0.02)
+
+
+def test_classes_subset_relabels_in_the_given_order_before_n_train_and_val(tmp_path):
+    x, y = _arrays(n=90, channels=1)  # labels 0, 1, 2 repeating, 30 each
+    x[:, 0, 0, 0] = y  # each image carries its original label in one pixel
+    np.savez(tmp_path / "toy.npz", x_train=x, y_train=y, x_test=x[:30], y_test=y[:30])
+    data = build_data(dict(name="mnist", root=str(tmp_path / "toy.npz"), classes=[2, 0], n_train=20, val_size=10))
+    assert data.num_classes == 2 and data.classes == ["2", "0"]
+    assert data.info == {"classes": [2, 0], "class_names": ["2", "0"]}
+    assert len(data.y_train) == 20 and len(data.y_val) == 10  # both taken from the 60 images of classes 2 and 0
+    for xs, ys in ((data.x_train, data.y_train), (data.x_val, data.y_val), (data.x_test, data.y_test)):
+        orig = xs[:, 0, 0, 0].long()
+        assert set(orig.tolist()) == {0, 2} and torch.equal(ys, (orig == 0).long())  # 2 -> 0, 0 -> 1
+    assert torch.bincount(data.y_train).tolist() == [10, 10]  # stratified within the chosen classes
+    assert len(data.y_test) == 20
+
+
+def test_classes_by_name_and_on_every_labelled_dataset():
+    data = build_data(dict(name="digits", image_size=8, classes=[5, 8]))
+    assert data.num_classes == 2 and set(data.y_train.unique().tolist()) == {0, 1}
+    assert len(data.y_test) == 72  # 36 test images of each digit
+    syn = build_data(dict(name="synthetic", num_train=200, num_test=50, image_size=8, channels=1, num_classes=4,
+                          classes=["3", "1"]))
+    assert syn.num_classes == 2 and syn.info["classes"] == [3, 1] and syn.y_train.max() == 1
+
+
+@pytest.mark.parametrize(("classes", "match"), [
+    ([5, 12], r"dataset.classes=\[5, 12\]: 12 is not a class of dataset=digits, which has labels 0..9"),
+    ([5, 5], r"dataset.classes=\[5, 5\] repeats 5.*e.g. dataset.classes=\[5,8\]"),
+    ([5], r"selects 1 class; a classifier needs >= 2"),
+    (5, r"dataset.classes=5 is not a list"),
+    (["cat", 1], r"'cat' is not a class of dataset=digits"),
+])
+def test_bad_classes_fail_naming_the_key(classes, match):
+    with pytest.raises(ValueError, match=match):
+        build_data(dict(name="digits", image_size=8, classes=classes))
+
+
+def test_classes_recorded_in_the_summary(tiny_cfg, tmp_path):
+    import json
+
+    from src.trainer import train
+
+    train(tiny_cfg("dataset=digits", "dataset.classes=[5,8]", "dataset.n_train=100"), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["classes"] == [5, 8] and summary["class_names"] == ["5", "8"]
+    assert summary["n_train"] == 100

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from src.data.sources import load_arrays, load_digits_arrays, synthetic_arrays, TORCHVISION
+from src.data.sources import TORCHVISION, load_arrays, load_digits_arrays, synthetic_arrays
 from src.data.splits import DataSplits
 
-__all__ = ["DataSplits", "build_data", "stratified_subset", "DATASETS"]
+__all__ = ["DataSplits", "build_data", "select_classes", "stratified_subset", "DATASETS"]
 DATASETS = ("digits", "synthetic", *TORCHVISION, "rsna_mammo", "dicom_folder")
 
 
@@ -28,7 +28,8 @@ def resize_uint8(x: torch.Tensor, size: int, chunk: int = 4096) -> torch.Tensor:
         return x
     out = torch.empty((x.shape[0], x.shape[1], size, size), dtype=torch.uint8)
     for i in range(0, x.shape[0], chunk):
-        y = F.interpolate(x[i:i + chunk].float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        y = F.interpolate(x[i:i + chunk].float(), size=(size, size), mode="bilinear", antialias=True,
+                          align_corners=False)
         out[i:i + chunk] = y.round_().clamp_(0, 255).to(torch.uint8)
     return out
 
@@ -48,9 +49,51 @@ def stratified_subset(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndar
     if size >= len(labels):
         return idx, idx[:0]
     counts = np.bincount(labels)
-    can_stratify = size >= (counts > 0).sum() and len(labels) - size >= (counts > 0).sum() and counts[counts > 0].min() >= 2
+    present = (counts > 0).sum()
+    can_stratify = size >= present and len(labels) - size >= present and counts[counts > 0].min() >= 2
     chosen, rest = train_test_split(idx, train_size=size, random_state=seed, stratify=labels if can_stratify else None)
     return np.sort(chosen), np.sort(rest)
+
+
+def check_classes(classes: Any) -> list[int | str] | None:
+    """``dataset.classes`` as a list, or None; fails on anything but >= 2 distinct labels or names."""
+    if classes is None:
+        return None
+    fix = "list two or more distinct class labels, e.g. dataset.classes=[5,8], or null for every class"
+    if isinstance(classes, str | int) or not all(isinstance(c, int | str) and not isinstance(c, bool) for c in classes):
+        raise ValueError(f"dataset.classes={classes!r} is not a list of class labels (integers) or names: {fix}")
+    classes = list(classes)
+    if len(classes) < 2:
+        raise ValueError(f"dataset.classes={classes} selects {len(classes)} class; a classifier needs >= 2: {fix}")
+    if len(set(classes)) < len(classes):
+        dup = sorted({str(c) for c in classes if classes.count(c) > 1})
+        raise ValueError(f"dataset.classes={classes} repeats {', '.join(dup)}: {fix}")
+    return classes
+
+
+def select_classes(arrays: dict[str, np.ndarray], classes: list[int | str], dataset: str
+                   ) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Keep the images of ``classes`` (labels or names) and relabel them 0..k-1 in the order given;
+    returns the arrays and the original labels kept."""
+    names = [str(c) for c in arrays.get("classes", [])]
+    present = sorted(set(np.unique(arrays["y_train"]).tolist()) | set(np.unique(arrays["y_test"]).tolist()))
+    labels = []
+    for c in classes:
+        label = c if isinstance(c, int) else (names.index(c) if c in names else None)
+        if label is None or label not in present:
+            known = f"labels {present[0]}..{present[-1]}" + (f" (names {names})" if names else "")
+            raise ValueError(f"dataset.classes={classes}: {c!r} is not a class of dataset={dataset}, which has "
+                             f"{known}: choose classes from those, or null for every class")
+        labels.append(label)
+    lut = np.full(max(present) + 1, -1)
+    lut[labels] = np.arange(len(labels))
+    out = dict(arrays)
+    for split in ("train", "test"):
+        y = np.asarray(arrays[f"y_{split}"])
+        keep = lut[y] >= 0
+        out[f"x_{split}"], out[f"y_{split}"] = np.asarray(arrays[f"x_{split}"])[keep], lut[y[keep]]
+    out["classes"] = np.array([names[i] if i < len(names) else str(i) for i in labels])
+    return out, labels
 
 
 def _raw_arrays(cfg: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
@@ -68,22 +111,31 @@ def _raw_arrays(cfg: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
 def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     """Build the train/val/test splits described by the ``dataset`` config group."""
     cfg = dict(cfg)
+    classes = check_classes(cfg.get("classes"))
     if cfg["name"] in ("rsna_mammo", "dicom_folder"):
+        if classes is not None:
+            raise ValueError(f"dataset.classes={classes} is not supported for dataset={cfg['name']} (labels come "
+                             "from its CSV): set dataset.classes=null, or filter the CSV")
         from src.data import mammo  # optional extra: pydicom and its decoders
 
         loader = mammo.load_rsna if cfg["name"] == "rsna_mammo" else mammo.load_dicom_folder
-        kwargs = {k: v for k, v in cfg.items() if k not in ("name", "augment")}
+        kwargs = {k: v for k, v in cfg.items() if k not in ("name", "augment", "classes")}
         return loader(**kwargs, seed=seed)
 
     arrays = _raw_arrays(cfg, seed)
+    info = {}
+    if classes is not None:  # before the n_train subset and the val split, which then stratify on these classes
+        arrays, labels = select_classes(arrays, classes, cfg["name"])
+        info = {"classes": labels, "class_names": arrays["classes"].tolist()}  # recorded in summary.json
     x_train, x_test = to_nchw(arrays["x_train"]), to_nchw(arrays["x_test"])
     y_train = torch.as_tensor(np.asarray(arrays["y_train"]), dtype=torch.int64)
     y_test = torch.as_tensor(np.asarray(arrays["y_test"]), dtype=torch.int64)
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    num_classes = len(classes) if classes is not None else int(max(y_train.max(), y_test.max())) + 1
 
     n_total, n_train, val_size = len(y_train), cfg.get("n_train"), int(cfg.get("val_size") or 0)
     if val_size < 0 or (n_train is not None and n_train < 1):
-        raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive (n_train may be null)")
+        raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive "
+                         "(n_train may be null)")
     if (n_train or 0) + val_size > n_total or val_size >= n_total:
         raise ValueError(
             f"dataset.n_train={n_train} + dataset.val_size={val_size} exceeds the {n_total} training images of "
@@ -104,7 +156,7 @@ def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     splits = DataSplits(
         x_train=x_tr, y_train=y_train[torch.from_numpy(rest)], x_test=x_test, y_test=y_test,
         num_classes=num_classes, mean=tuple(mean.tolist()), std=tuple(std.tolist()),
-        classes=[str(c) for c in arrays.get("classes", range(num_classes))],
+        classes=[str(c) for c in arrays.get("classes", range(num_classes))], info=info,
     )
     if val_idx is not None:
         splits.x_val, splits.y_val = x_train[torch.from_numpy(val_idx)], y_train[torch.from_numpy(val_idx)]

@@ -70,7 +70,8 @@ def load_rsna(root: str | Path, image_size: int = 512, n_train: int | None = Non
     table = read_table(root / csv, RSNA_COLUMNS)
     labels = _binary_labels(table["cancer"], "cancer")
     rows = pd.DataFrame({
-        "path": [os.path.join(root, images, str(p), f"{i}.dcm") for p, i in zip(table["patient_id"], table["image_id"])],
+        "path": [os.path.join(root, images, str(p), f"{i}.dcm")
+                 for p, i in zip(table["patient_id"], table["image_id"], strict=True)],
         "label": labels,
         "patient": table["patient_id"].astype(str),
         "laterality": table["laterality"].fillna("").astype(str).str.upper(),
@@ -261,8 +262,10 @@ def _load_rows(rows: pd.DataFrame, name: str, classes: list[str], image_size: in
     rows = rows.iloc[patient_order(rows["patient"].to_numpy(str), rows["label"].to_numpy())].reset_index(drop=True)
     out = Path(cache_dir or DEFAULT_CACHE) / f"{name}-{image_size}px-{cache_key(rows, image_size, crop, flip)}"
     reused = (out / "meta.json").is_file()
-    meta = json.loads((out / "meta.json").read_text()) if reused else build_cache(rows, out, int(image_size), bool(crop),
-                                                                                 bool(flip), int(workers))
+    if reused:
+        meta = json.loads((out / "meta.json").read_text())
+    else:
+        meta = build_cache(rows, out, int(image_size), bool(crop), bool(flip), int(workers))
     n_rows, n_skipped = meta["n_rows"], meta["n_skipped"]
     if n_skipped > max_skip_fraction * n_rows or meta["n_images"] < 2:
         reasons = pd.read_csv(out / "skipped.csv")["reason"].str.slice(0, 120).value_counts().head(3)

@@ -39,7 +39,8 @@ def synthetic_arrays(num_train: int, num_test: int, image_size: int, channels: i
     g = np.random.default_rng(seed)
     shape = (image_size, image_size, channels)
     return {"x_train": g.integers(0, 256, (num_train, *shape), dtype=np.uint8),
-            "y_train": g.integers(0, num_classes, num_train), "x_test": g.integers(0, 256, (num_test, *shape), dtype=np.uint8),
+            "y_train": g.integers(0, num_classes, num_train),
+            "x_test": g.integers(0, 256, (num_test, *shape), dtype=np.uint8),
             "y_test": g.integers(0, num_classes, num_test), "classes": np.array([str(i) for i in range(num_classes)])}
 
 
@@ -47,7 +48,8 @@ def _from_npz(path: Path) -> Arrays:
     with np.load(path, allow_pickle=False) as z:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(z.files)
         if missing:
-            raise ValueError(f"dataset.root={path} lacks arrays {sorted(missing)}: an .npz needs x_train, y_train, x_test, y_test")
+            raise ValueError(f"dataset.root={path} lacks arrays {sorted(missing)}: an .npz needs x_train, y_train, "
+                             "x_test, y_test")
         out = {k: z[k] for k in z.files}
     return out
 
@@ -120,7 +122,8 @@ def load_arrays(name: str, root: str | os.PathLike | None, download: bool = Fals
             raise _layout_error(name, root) from e
     cache = _cache_path(root, name)
     if cache.is_file():
-        return {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in torch.load(cache, weights_only=True, mmap=True).items()}
+        cached = torch.load(cache, weights_only=True, mmap=True)
+        return {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in cached.items()}
     arrays = loader()
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")

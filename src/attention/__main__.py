@@ -1,0 +1,3 @@
+from src.attention.tool import main
+
+main()
