@@ -189,15 +189,16 @@ def build_loaders(cfg: Mapping[str, Any], data: DataSplits, y_clean: torch.Tenso
     train_loader = Loader(data.x_train, data.y_train, min(int(t["batch_size"]), n_train),
                           augment=cfg["dataset"].get("augment", "none"), shuffle=True, drop_last=True, seed=seed,
                           sample_weights=data.sample_weights, **common)
-    keep = torch.arange(n_train)
+    x, y, clean = data.x_train, data.y_train, (y_clean, flipped)  # no copy of the images when all are scored
     if t.get("train_eval_size") and t["train_eval_size"] < n_train:
         keep = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed + 2))[: int(t["train_eval_size"])]
+        x, y, clean = x[keep.to(x.device)], y[keep], (y_clean[keep], flipped[keep])
     ebs = int(t["eval_batch_size"])
-    eval_loaders = {"train": Loader(data.x_train[keep.to(data.x_train.device)], data.y_train[keep], ebs, **common)}
+    eval_loaders = {"train": Loader(x, y, ebs, **common)}
     if data.x_val is not None:
         eval_loaders["val"] = Loader(data.x_val, data.y_val, ebs, **common)
     eval_loaders["test"] = Loader(data.x_test, data.y_test, ebs, **common)
-    return train_loader, eval_loaders, (y_clean[keep], flipped[keep])
+    return train_loader, eval_loaders, clean
 
 
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
