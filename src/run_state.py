@@ -19,6 +19,7 @@ from typing import Any
 import hydra.utils
 import torch
 from hydra.errors import InstantiationException
+from omegaconf import DictConfig, OmegaConf
 
 from src.data import DataSplits, build_data
 from src.data.loader import Loader, fits_on_device
@@ -27,7 +28,7 @@ from src.optim import build_optimizer
 from src.records import RunRecorder
 from src.schedule import lr_at
 from src.stop_rules import StopRules, steps_in_run
-from src.validate import objective_direction, resolve_objective, resolve_precision, select_device
+from src.validate import check_config, objective_direction, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -216,11 +217,18 @@ def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tenso
     return info
 
 
-def setup(cfg: Mapping[str, Any], run_dir: str | Path | None) -> RunState:
-    """Build a run from a composed, resolved and checked config (``src.validate.check_config``).
-    ``run_dir=None`` builds without a recorder (benchmarks)."""
+def plain_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A composed config as a resolved plain dict (what checkpoints store and compare)."""
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> RunState:
+    """Build a run from a composed config, checked first (``src.validate.check_config``). The run starts
+    at epoch 0; ``load_state_dict`` continues it from a checkpoint. ``run_dir=None`` builds without a
+    recorder (benchmarks); with a run dir, only ``metrics.jsonl`` is created (empty) if absent."""
+    cfg = plain_config(cfg)
+    device = check_config(cfg)
     t, seed = cfg["trainer"], int(cfg["seed"])
-    device = select_device(str(t["device"]))
     precision = resolve_precision(t["precision"], device)
     setup_device(device, t)
     torch.manual_seed(seed)
@@ -241,7 +249,7 @@ def setup(cfg: Mapping[str, Any], run_dir: str | Path | None) -> RunState:
                         cfg["scheduler"].get("min_lr_ratio", 0.0))
     params = sum(p.numel() for p in model.parameters())
     return RunState(
-        cfg=dict(cfg), device=device, precision=precision, data=data, model=model, model_cfg=model_cfg,
+        cfg=cfg, device=device, precision=precision, data=data, model=model, model_cfg=model_cfg,
         step_model=compile_model(model) if t.get("compile") else model, optimizer=optimizer,
         scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
         autocast=autocast_for(device, precision), train_loader=train_loader, eval_loaders=eval_loaders,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from src.checkpoint import check_resumable, move_aside, read_checkpoints
@@ -30,6 +30,7 @@ from src.run_state import (  # noqa: F401 - re-exported: the trainer's public se
     autocast_for,
     build_model,
     compile_model,
+    plain_config,
     setup,
     setup_device,
     use_channels_last,
@@ -206,10 +207,6 @@ def finish(state: RunState, reason: str) -> dict[str, Any]:
     return summary
 
 
-def _plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-
-
 def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
     """The summary of a run in ``run_dir`` that has ended and would not continue under ``rules``."""
     path = run_dir / "summary.json"
@@ -268,7 +265,7 @@ def _progress(state: RunState):
 def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None) -> dict:
     """Train one model as configured (or continue it from its run dir) and write its run directory.
     Returns the summary dict; raises ``RunInterrupted`` (a SystemExit) after SIGTERM/SIGINT."""
-    cfg = _plain(cfg)
+    cfg = plain_config(cfg)
     check_config(cfg)
     run_dir = writable_run_dir(run_dir)
     found, done = prepare_resume(cfg, run_dir)
