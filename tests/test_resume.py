@@ -18,7 +18,7 @@ from tests.conftest import ROOT, TINY
 
 TIMING = ("wall_s", "images_per_s")  # measured, so they differ between any two runs
 VIT = [*TINY, "trainer.checkpoint=true", "trainer.num_threads=1", "dataset.augment=flip_crop", "model.dropout=0.2",
-       "trainer.max_epochs=40", "dataset.n_train=300", "trainer.batch_size=30"]
+       "trainer.max_epochs=40", "dataset.n_train=300", "trainer.batch_size=30", "optimizer.lr=3e-3"]
 CNN = [o for o in VIT if not o.startswith("model.")] + ["model=cnn", "model.width=4"]
 
 
