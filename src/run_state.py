@@ -133,6 +133,7 @@ class RunState:
     wall_before: float = 0.0  # wall seconds spent by earlier starts of the run
     last_row: dict = field(default_factory=dict)  # the latest evaluation
     best: dict = field(default_factory=dict)  # best_test_error, best_val_error so far
+    stop_reason: str | None = None  # set by the final checkpoint of a run
     started: float = field(default_factory=time.perf_counter)
 
     def wall_s(self) -> float:
@@ -150,6 +151,7 @@ class RunState:
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step, "train_time": self.train_time,
             "wall_s": self.wall_s(), "rows": self.recorder.rows if self.recorder else 0,
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
+            "stop_reason": self.stop_reason,
             "rng": {"torch": torch.get_rng_state(), "cuda": list(cuda)}, "loader": self.train_loader.state_dict(),
         }
 
@@ -166,6 +168,7 @@ class RunState:
         self.epoch, self.epoch_done, self.step = int(state["epoch"]), bool(state["epoch_done"]), int(state["step"])
         self.train_time, self.wall_before = float(state["train_time"]), float(state["wall_s"])
         self.last_row, self.best = dict(state["last_row"]), dict(state["best"])
+        self.stop_reason = state.get("stop_reason")
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
 

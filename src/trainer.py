@@ -200,6 +200,7 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
 
 def finish(state: RunState, reason: str) -> dict[str, Any]:
     """Write the final checkpoint (a run that can continue) and summary.json; returns the summary."""
+    state.stop_reason = reason
     if state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
@@ -274,6 +275,8 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
+    if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
+        return finish(state, state.stop_reason)  # killed after its final checkpoint, before its summary
     stop = StopSignal()
     state.started = time.perf_counter()
     with stop.installed(), _progress(state) as pbar:

@@ -254,3 +254,11 @@ def test_a_mid_epoch_checkpoint_resumes_exactly(tiny_cfg, tmp_path):
     assert [(r["epoch"], r["step"]) for r in rows] == [(1, 4), (2, 5), (2, 8), (3, 12)]
     assert [rows[0], *rows[2:]] == untimed(rows_of(tmp_path / "ref"))
     assert resumed["test_error"] == ref["test_error"] and resumed["train_loss"] == ref["train_loss"]
+
+
+def test_a_run_killed_between_its_final_checkpoint_and_its_summary_trains_no_further(tiny_cfg, tmp_path):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=2"]
+    first = train(tiny_cfg(*over), tmp_path)
+    (tmp_path / "summary.json").unlink()  # as if SIGKILLed right after the final checkpoint
+    again = train(tiny_cfg(*over), tmp_path)
+    assert again["epochs"] == 2 and again["test_error"] == first["test_error"] and len(rows_of(tmp_path)) == 2
