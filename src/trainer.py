@@ -82,11 +82,10 @@ class StopSignal:
     def __init__(self):
         self.signum: int | None = None
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum, frame):  # only sets a flag: the loop logs and stops at the next step's end
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("received %s: stopping after the current step", signal.Signals(signum).name)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignal]:
@@ -289,5 +288,7 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
             raise
     summary = finish(state, reason)
     if reason == "interrupted" and stop.signum is not None:
+        log.warning("stopped by %s at epoch %d, step %d: checkpoint and summary written to %s; the same command "
+                    "continues the run", signal.Signals(stop.signum).name, state.epoch, state.step, run_dir)
         raise RunInterrupted(stop.signum, summary)
     return summary
