@@ -168,3 +168,10 @@ def test_classes_recorded_in_the_summary(tiny_cfg, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["classes"] == [5, 8] and summary["class_names"] == ["5", "8"]
     assert summary["n_train"] == 100
+
+
+def test_classes_shape_checked_before_any_data_is_loaded(tiny_cfg):
+    from src.validate import check_config
+
+    with pytest.raises(ValueError, match=r"dataset.classes=\[5\] selects 1 class"):
+        check_config(tiny_cfg("dataset.classes=[5]"))
