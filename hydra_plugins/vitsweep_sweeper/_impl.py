@@ -226,7 +226,7 @@ class SweeperImpl:
 
     def _work(self, study: optuna.Study, progress: st.Progress) -> None:
         """Claim, launch and tell trials until the budget is used and no other worker's trial is running."""
-        poll_s = max(0.2, min(self.heartbeat_s, 5.0))
+        poll_s = max(0.2, min(self.heartbeat_s, 1.0))
         with lv.Heartbeat(self.storage, self.heartbeat_s) as beat:
             while not self._check_failures(study, final=False):
                 with sto.claim_lock(self.url, self.storage, study._study_id):

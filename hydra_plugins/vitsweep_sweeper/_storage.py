@@ -7,6 +7,7 @@ before any trial, naming the extra to install.
 
 import contextlib
 import fcntl
+import importlib
 import importlib.util
 import logging
 from collections.abc import Iterator
@@ -61,9 +62,13 @@ def safe(url: str) -> str:
 def _check_driver(url: str) -> None:
     scheme = url.split("://", 1)[0]
     module, fix = DRIVERS.get(scheme, (None, ""))
-    if module is not None and not _has(module):
-        raise ValueError(f"hydra.sweeper.storage: {safe(url)!r} needs the Python module {module!r}, which is not "
-                         f"installed: {fix}")
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"hydra.sweeper.storage: {safe(url)!r} needs the Python module {module!r}, which cannot be "
+                         f"imported ({e}): {fix}") from e
 
 
 def open_storage(url: str, existing: bool = False) -> optuna.storages.BaseStorage:
