@@ -1,9 +1,9 @@
 """Hydra sweep grammar -> Optuna distributions.
 
-`choice(a, b)` and `a,b` -> categorical; `range(start, stop, step)` -> int (or stepped float)
-over the values the range really yields (stop excluded, as in Hydra); `interval(lo, hi)` ->
-float, or int when both ends are ints, `tag(log, interval(...))` -> log scale;
-`shuffle(range(...))` -> categorical. Anything else is a fixed value passed to every trial.
+`choice(a, b)` and `a,b` -> categorical; `range(start, stop, step)` -> int (or stepped float) from
+start to stop *included*, as hydra-optuna-sweeper builds it (`IntDistribution(start, stop, step)`;
+Hydra's basic sweeper excludes stop); `interval(lo, hi)` -> float, or int when both ends are ints,
+`tag(log, interval(...))` -> log scale. Anything else is a fixed value passed to every trial.
 """
 
 import math
@@ -35,9 +35,9 @@ def _categorical(override: Override) -> CategoricalDistribution:
 def _range(override: Override) -> BaseDistribution:
     value = override.value()
     if value.shuffle:
-        return _categorical(override)
+        raise SearchSpaceError("shuffle(range(...)) has no meaning for a sampler; use range(...) or choice(...)")
     start, stop, step = value.start, value.stop, value.step
-    n = math.ceil((stop - start) / step)
+    n = math.floor((stop - start) / step + 1e-9) + 1  # stop included when the step reaches it
     if n < 1:
         raise SearchSpaceError(f"range({start}, {stop}, {step}) is empty")
     last = start + (n - 1) * step
@@ -109,7 +109,7 @@ def from_legacy(search_space: Mapping[str, Any]) -> dict[str, str]:
             else:
                 lo, hi = float(lo), float(hi)
             if spec.get("step") is not None:
-                params[key] = f"range({lo},{hi + spec['step']},{spec['step']})"
+                params[key] = f"range({lo},{hi},{spec['step']})"
             elif spec.get("log"):
                 params[key] = f"tag(log,interval({lo},{hi}))"
             else:
