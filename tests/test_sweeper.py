@@ -319,7 +319,7 @@ def test_multi_objective_example_returns_a_pareto_front(tmp_path):
     assert len(front) >= 2
     for a in front:
         for b in front:
-            assert not (all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b)))
+            assert not (all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True)))
 
 
 def _free_port():
@@ -376,7 +376,8 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
 
         make_rsna_tree(tmp_path / "rsna", n_patients=12, positives=(1, 5, 9))
         shrink = [s for s in SHRINK if not s.startswith("dataset")]
-        extra = [f"dataset.root={tmp_path / 'rsna'}", "dataset.image_size=64", f"dataset.cache_dir={tmp_path / 'cache'}",
+        extra = [f"dataset.root={tmp_path / 'rsna'}", "dataset.image_size=64",
+                 f"dataset.cache_dir={tmp_path / 'cache'}",
                  "dataset.val_size=4", "dataset.workers=0", "dataset.max_skip_fraction=0.5", "trainer.batch_size=4",
                  "model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64",
                  "trainer.objective=test_auc"]  # a 4-image val split may hold no positive: AUC undefined
