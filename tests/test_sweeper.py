@@ -319,7 +319,8 @@ def test_multi_objective_example_returns_a_pareto_front(tmp_path):
     assert len(front) >= 2
     for a in front:
         for b in front:
-            assert not (all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True)))
+            pairs = list(zip(a, b, strict=True))
+            assert not (all(x <= y for x, y in pairs) and any(x < y for x, y in pairs))
 
 
 def _free_port():

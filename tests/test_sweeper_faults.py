@@ -90,7 +90,8 @@ def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_
     assert Path(retry.user_attrs["run_dir"]) == tmp_path / str(victim.number)  # the dead trial's run dir
     results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert results["states"] == {"COMPLETE": 6}
-    assert results["retried"] == [{"number": retry.number, "retry_of": victim.number, "error": dead.user_attrs["error"]}]
+    assert results["retried"] == [{"number": retry.number, "retry_of": victim.number,
+                                   "error": dead.user_attrs["error"]}]
 
 
 def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(tmp_path):
