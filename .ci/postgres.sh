@@ -4,8 +4,8 @@
 # run as root) in a temporary directory, listening only on 127.0.0.1 on a free port, creates a database
 # and exports its URL as VITSWEEP_TEST_POSTGRES_URL.
 
-as_pg() {
-  if [ "$(id -u)" = 0 ]; then runuser -u nobody -- "$@"; else "$@"; fi
+as_pg() {  # run as the unprivileged user from /, which it can read (the server refuses to run as root)
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u nobody -- "$@"); else "$@"; fi
 }
 
 start_postgres() {
