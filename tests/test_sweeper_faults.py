@@ -79,7 +79,7 @@ def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_
     os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]  # max_failure_rate=0: the interrupted trial is not a failure
-    assert "lost worker" in out + err
+    assert "lost worker" in out + err and "retried as trial" in out + err
     study = load(tmp_path)
     assert_each_point_once(study)
     dead = study.trials[victim.number]

@@ -202,7 +202,7 @@ class SweeperImpl:
                 f"{self._n_finished(study)} already done, {self.n_workers} worker(s)"
                 + (f"; {len(reaped)} interrupted trial(s) will be retried" if reaped else "")
             )
-        progress = st.Progress(study, self.budget, log)
+        progress = st.Progress(study, self.budget, log, self.max_retries)
         lost = self._run_workers(study, progress) if self.n_workers > 1 else []
         if self.n_workers == 1:
             self._work(study, progress)

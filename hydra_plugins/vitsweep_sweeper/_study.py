@@ -134,23 +134,35 @@ def fmt(values: Sequence[float] | None) -> str:
 class Progress:
     """One line per finished trial: counter, number, state, value, best so far, elapsed."""
 
-    def __init__(self, study: optuna.Study, n_trials: int, log: Any) -> None:
-        self.study, self.n_trials, self.log = study, n_trials, log
+    def __init__(self, study: optuna.Study, n_trials: int, log: Any, max_retries: int = 0) -> None:
+        self.study, self.n_trials, self.log, self.max_retries = study, n_trials, log, max_retries
         self.t0 = time.time()
-        self.seen = {t.number for t in budget_trials(study.get_trials(deepcopy=False)) if t.state.is_finished()}
-        self.done = len(self.seen)
+        trials = study.get_trials(deepcopy=False)
+        self.seen = {t.number for t in trials if t.state.is_finished()}
+        self.done = sum(t.state.is_finished() for t in budget_trials(trials))
 
     def poll(self) -> None:
-        for t in sorted(budget_trials(self.study.get_trials(deepcopy=False)), key=lambda t: t.number):
+        trials = self.study.get_trials(deepcopy=False)
+        retries = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
+        for t in trials:
             if t.number in self.seen or not t.state.is_finished():
                 continue
+            if t.number not in retries and self._retry_pending(t):
+                continue  # failed as interrupted a moment ago; its retry is being enqueued
             self.seen.add(t.number)
+            if t.number in retries:
+                self.log.warning(f"trial {t.number} failed: {t.user_attrs.get('error', 'interrupted')}; retried as "
+                                 f"trial {retries[t.number]} with the same parameters")
+                continue
             self.done += 1
             err = f" error={t.user_attrs.get('error', '')[:120]!r}" if t.state == TrialState.FAIL else ""
             self.log.info(
                 f"[{self.done:>3}/{self.n_trials}] trial {t.number} {t.state.name} value={fmt(t.values)} "
                 f"best={self.best()} elapsed={time.time() - self.t0:.1f}s{err}"
             )
+
+    def _retry_pending(self, t: FrozenTrial) -> bool:
+        return bool(t.user_attrs.get("interrupted")) and int(t.user_attrs.get("retries", 0)) < self.max_retries
 
     def best(self) -> str:
         try:
