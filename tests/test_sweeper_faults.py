@@ -167,6 +167,24 @@ def test_a_silent_worker_on_another_host_is_failed_and_its_trial_retried(tmp_pat
     assert sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0, 1, 2]
 
 
+def test_a_worker_stopped_mid_trial_hands_its_trial_back_and_the_same_command_continues_it(tmp_path):
+    """SIGTERM (e.g. SLURM preemption): the run stops after a checkpoint with SystemExit; the worker fails its trial
+    and enqueues the retry at once, and the next command runs it under the same job number (run dir)."""
+    proc = sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2", "interrupt=true",
+                 check=False)
+    assert proc.returncode == 143
+    study = load(tmp_path)
+    first = study.trials[0]
+    assert first.state == TrialState.FAIL
+    assert "stopped answering (interrupted: SystemExit 143)" in first.user_attrs["error"]
+    assert study.trials[1].state == TrialState.WAITING and study.trials[1].user_attrs["retry_of"] == 0
+    sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2")
+    study = load(tmp_path)
+    done = sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    assert done == [0, 1] and len(counted(study)) == 2
+    assert Path(study.trials[1].user_attrs["run_dir"]) == tmp_path / "0"
+
+
 def test_an_unreachable_storage_fails_before_any_trial(tmp_path):
     url = "postgresql+psycopg://nobody@127.0.0.1:9/none"  # the discard port: nothing listens
     proc = sweep(tmp_path, "x=interval(0,1)", f"hydra.sweeper.storage='{url}'", check=False)

@@ -241,7 +241,11 @@ class SweeperImpl:
                     progress.poll()
                     continue
                 beat.trial_ids = [t._trial_id for t in trials]
-                returns = self.launcher.launch(overrides, initial_job_idx=job)
+                try:
+                    returns = self.launcher.launch(overrides, initial_job_idx=job)
+                except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
+                    self._hand_back(study, trials, e)
+                    raise
                 beat.trial_ids = []
                 for trial, ret in zip(trials, returns, strict=True):
                     try:
@@ -250,6 +254,16 @@ class SweeperImpl:
                         log.warning(f"trial {trial.number} was failed by another worker as not answering (raise "
                                     "hydra.sweeper.grace_s?); its result is dropped and its retry stands for it")
                 progress.poll()
+
+    def _hand_back(self, study: optuna.Study, trials: list[Trial], e: BaseException) -> None:
+        """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
+        has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one)."""
+        why = f"worker {lv.owner_id()} stopped answering (interrupted: {type(e).__name__} {e})"
+        with sto.claim_lock(self.url, self.storage, study._study_id):
+            for t in trials:
+                frozen = self.storage.get_trial(t._trial_id)
+                if frozen.state == TrialState.RUNNING:
+                    log.warning(lv.fail_and_retry(study, frozen, why, self.max_retries))
 
     def _claim(self, study: optuna.Study) -> tuple | None:
         """(trials, first job number) to run now; ([], 0) to wait for others' running trials; None when done.
