@@ -14,17 +14,16 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "sweeps"
 
 
-def available() -> List[str]:
+def available() -> list[str]:
     return sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
 
-def command(name: str, overrides: List[str]) -> List[str]:
+def command(name: str, overrides: list[str]) -> list[str]:
     if not (SWEEPS / f"{name}.yaml").is_file():
         raise SystemExit(f"src.sweep: no sweep {name!r} in {SWEEPS}; available: {', '.join(available())}")
     config_dir = "." if Path.cwd() == ROOT else str(ROOT)
@@ -38,7 +37,7 @@ def _describe(name: str) -> str:
     return ""
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)

@@ -90,6 +90,12 @@ def test_resume_finishes_the_budget_without_repeats(tmp_path):
     assert len({(t.params["x"], t.params["y"]) for t in trials}) == 6  # no replayed start-up points
 
 
+def test_a_grid_over_a_range_runs_its_stop_too(tmp_path):
+    """`range(0, 2)` under hydra/sweeper=vitsweep means 0, 1, 2 (hydra-optuna-sweeper's meaning)."""
+    sweep(tmp_path, "x=range(0,2)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=10")
+    assert sorted(t.params["x"] for t in load(tmp_path).trials) == [0, 1, 2]
+
+
 def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
     sweep(tmp_path, "fail=choice(true,false)", "nan=choice(true,false)", "hydra/sweeper/sampler=grid",
           "hydra.sweeper.n_trials=4", "hydra.sweeper.max_failure_rate=0.8")
@@ -305,11 +311,16 @@ def test_multi_objective_example_returns_a_pareto_front(tmp_path):
     import yaml
 
     results = yaml.safe_load(_example(tmp_path, "multi-objective.py", MO_PY, "multi-objective-conf", MO_CONFIG))
+    study = optuna.load_study(study_name="multi-objective", storage=f"sqlite:///{tmp_path}/out/optuna.db")
+    dists = study.trials[0].distributions  # HOS's meaning of range(a, b, step): b is a value the sampler can draw
+    assert (dists["x"].low, dists["x"].high, dists["x"].step) == (0.0, 5.0, 0.5)
+    assert (dists["y"].low, dists["y"].high, dists["y"].step) == (0.0, 3.0, 0.5)
     front = [s["values"] for s in results["solutions"]]
     assert len(front) >= 2
     for a in front:
         for b in front:
-            assert not (all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b)))
+            pairs = list(zip(a, b, strict=True))
+            assert not (all(x <= y for x, y in pairs) and any(x < y for x, y in pairs))
 
 
 def _free_port():
@@ -366,7 +377,8 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
 
         make_rsna_tree(tmp_path / "rsna", n_patients=12, positives=(1, 5, 9))
         shrink = [s for s in SHRINK if not s.startswith("dataset")]
-        extra = [f"dataset.root={tmp_path / 'rsna'}", "dataset.image_size=64", f"dataset.cache_dir={tmp_path / 'cache'}",
+        extra = [f"dataset.root={tmp_path / 'rsna'}", "dataset.image_size=64",
+                 f"dataset.cache_dir={tmp_path / 'cache'}",
                  "dataset.val_size=4", "dataset.workers=0", "dataset.max_skip_fraction=0.5", "trainer.batch_size=4",
                  "model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64",
                  "trainer.objective=test_auc"]  # a 4-image val split may hold no positive: AUC undefined

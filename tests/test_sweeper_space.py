@@ -9,17 +9,17 @@ from hydra_plugins.vitsweep_sweeper._study import worker_seed
 
 def test_grammar_maps_to_the_values_hydra_would_sweep():
     space, fixed = parse(
-        {"a": "choice(2, 4, 8)", "b": "range(2, 9)", "c": "tag(log, interval(1e-4, 3e-3))",
+        {"a": "choice(2, 4, 8)", "b": "range(2, 8)", "c": "tag(log, interval(1e-4, 3e-3))",
          "d": "interval(0.0, 0.3)", "e": "range(-5.5, 5.5, 0.5)", "f": "1,2"},
         ["g=3", "a=4"],  # the command line fixes `a`
     )
     assert fixed == {"g": "3", "a": "4"}
-    assert space["b"] == IntDistribution(2, 8)  # range's stop is excluded, as in Hydra
+    assert space["b"] == IntDistribution(2, 8)  # range's stop is included, as in hydra-optuna-sweeper
     assert space["c"] == FloatDistribution(1e-4, 3e-3, log=True)
     assert space["d"] == FloatDistribution(0.0, 0.3)
-    assert space["e"] == FloatDistribution(-5.5, 5.0, step=0.5)
+    assert space["e"] == FloatDistribution(-5.5, 5.5, step=0.5)
     assert space["f"] == CategoricalDistribution([1, 2])
-    assert grid({"e": space["e"]})["e"] == [-5.5 + 0.5 * i for i in range(22)]
+    assert grid({"e": space["e"]})["e"] == [-5.5 + 0.5 * i for i in range(23)]
 
 
 @pytest.mark.parametrize("expr", ["choice(1,", "range(3, 1)", "glob(*)"])
@@ -50,3 +50,43 @@ def test_seed_is_kept_for_a_fresh_run_and_moved_for_resumes_and_workers():
     seeds = {worker_seed(123, 0, 1), worker_seed(123, 5, 0), worker_seed(123, 5, 1)}
     assert len(seeds) == 3 and 123 not in seeds
     assert worker_seed(None, 5, 1) is None
+
+
+def test_range_includes_its_stop_as_in_hydra_optuna_sweeper():
+    space, _ = parse({"a": "range(2, 8)", "b": "range(-5.5, 5.5, step=0.5)", "c": "range(0, 10, 4)"}, [])
+    assert space["a"] == IntDistribution(2, 8)  # HOS: IntDistribution(start, stop), both ends sampled
+    assert space["b"] == FloatDistribution(-5.5, 5.5, step=0.5)
+    assert space["c"] == IntDistribution(0, 8, step=4)  # the last value the step reaches
+    assert grid(space)["a"] == [2, 3, 4, 5, 6, 7, 8]
+    assert len(grid(space)["b"]) == 23
+
+
+def _pruned_at(n_warmup_steps, first_step):
+    """The steps at which a trial reporting a much worse curve than a finished one gets pruned."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper._study import PRUNER_ATTR, pruner_from_study
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    storage.set_study_system_attr(study._study_id, PRUNER_ATTR, {
+        "_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1, "n_warmup_steps": n_warmup_steps})
+    good = study.ask()
+    for step in range(first_step, first_step + 4):
+        good.report(0.0, step)
+    study.tell(good, 0.0)
+    bad = optuna.Trial(optuna.load_study(study_name=study.study_name, storage=storage,
+                                         pruner=pruner_from_study(storage, study._study_id)), study.ask()._trial_id)
+    pruned = []
+    for step in range(first_step, first_step + 4):
+        bad.report(1.0, step)
+        if bad.should_prune():
+            pruned.append(step)
+    return pruned
+
+
+@pytest.mark.parametrize("first_step", [0, 1])  # the test app counts evaluations from 0, the trainer from 1
+def test_n_warmup_steps_protects_that_many_evaluations(first_step):
+    assert _pruned_at(1, first_step)[0] == first_step + 1
+    assert _pruned_at(2, first_step)[0] == first_step + 2
+    assert _pruned_at(0, first_step)[0] == first_step

@@ -1,21 +1,23 @@
 """The vitsweep sweeper's work (imported lazily, so Hydra's plugin scan stays fast).
 
-A worker loops: under the claim lock it counts the study's trials against `n_trials`, asks Optuna
-for the next trial(s) and fixes their parameters; it then launches the job(s) through Hydra's
-launcher and tells Optuna the result. With `n_workers=K > 1` this process re-runs its own command
-K times as worker subprocesses (each pulling trials as soon as it is free) and prints progress
-from the storage. Jobs see the trial as `trial.{study_name,number,storage}` (see src/trial.py).
+A worker loops: under the claim lock it fails the trials of dead workers (enqueueing their retries),
+then takes a waiting retry, or counts the study's trials against `n_trials` and asks Optuna for the next
+trial(s) (a grid's next unclaimed point, in the study's one order); it launches the job(s) through
+Hydra's launcher, with a heartbeat running, and tells Optuna the result. With the budget claimed it
+waits while other workers' trials run (one of them may die). With `n_workers=K > 1` this process re-runs
+its own command K times as worker subprocesses and prints progress from the storage. Jobs see the trial
+as `trial.{study_name,number,storage}` (see src/trial.py); a retry runs under its original's job number.
 """
 
 import logging
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import optuna
 from hydra.core.plugins import Plugins
@@ -24,9 +26,12 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
+from . import _liveness as lv
 from . import _search_space as ss
+from . import _storage as sto
 from . import _study as st
 
 log = logging.getLogger(__name__)
@@ -40,24 +45,29 @@ class SweeperImpl:
         self,
         sampler: Any,
         direction: Any,
-        storage: Optional[str],
-        study_name: Optional[str],
+        storage: str | None,
+        study_name: str | None,
         n_trials: int,
         n_jobs: int,
         max_failure_rate: float,
-        search_space: Optional[DictConfig] = None,
-        params: Optional[DictConfig] = None,
-        custom_search_space: Optional[str] = None,
+        search_space: DictConfig | None = None,
+        params: DictConfig | None = None,
+        custom_search_space: str | None = None,
         pruner: Any = None,
         n_workers: int = 1,
-        presets: Optional[DictConfig] = None,
+        presets: DictConfig | None = None,
         worker_id: int = 0,
+        heartbeat_s: float = 30.0,
+        grace_s: float | None = None,
+        max_retries: int = 1,
     ) -> None:
         self.direction, self.storage_url, self.study_name = direction, storage, study_name
         self.n_trials, self.n_jobs, self.n_workers, self.worker_id = n_trials, n_jobs, n_workers, worker_id
         self.max_failure_rate = max_failure_rate
         self.search_space, self.params, self.presets = search_space, params, presets
         self.custom_search_space = custom_search_space
+        self.heartbeat_s, self.max_retries = heartbeat_s, max_retries
+        self.grace_s = 4 * heartbeat_s if grace_s is None else grace_s
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
@@ -67,7 +77,7 @@ class SweeperImpl:
         self.sweep_dir = str(config.hydra.sweep.dir)
 
     # ------------------------------------------------------------------ validation, before any trial
-    def _validate(self, arguments: List[str]) -> None:
+    def _validate(self, arguments: list[str]) -> None:
         if not isinstance(self.n_workers, int) or self.n_workers < 1:
             raise ValueError(f"hydra.sweeper.n_workers must be an integer >= 1, got {self.n_workers!r}")
         if self.n_trials < 1:
@@ -76,6 +86,11 @@ class SweeperImpl:
             raise ValueError(f"hydra.sweeper.n_jobs must be >= 1, got {self.n_jobs}")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ValueError(f"hydra.sweeper.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
+        if not self.heartbeat_s > 0 or not self.grace_s > self.heartbeat_s:
+            raise ValueError(f"hydra.sweeper.heartbeat_s ({self.heartbeat_s}) must be > 0 and hydra.sweeper.grace_s "
+                             f"({self.grace_s}) longer than one heartbeat (default: 4 heartbeats)")
+        if self.max_retries < 0:
+            raise ValueError(f"hydra.sweeper.max_retries must be >= 0, got {self.max_retries}")
         raw = list(self.direction) if OmegaConf.is_list(self.direction) or isinstance(self.direction, list) \
             else [self.direction]
         self.directions = [getattr(d, "name", str(d)).lower() for d in raw]
@@ -94,10 +109,13 @@ class SweeperImpl:
         if self.search_space and not self.params:
             log.warning("hydra.sweeper.search_space is deprecated; use hydra.sweeper.params")
             params = ss.from_legacy(self.search_space)
+        if self.is_grid and self.sampler_node.get("search_space"):  # HOS: GridSampler's own value lists
+            params.update({k: "choice(" + ",".join(map(str, v)) + ")"
+                           for k, v in self.sampler_node.search_space.items()})
         self.space, self.fixed = ss.parse(params, arguments)
         self.grid = ss.grid(self.space) if self.is_grid else None
         self._check_presets()
-        self.extend: Optional[Callable[[DictConfig, Trial], None]] = None
+        self.extend: Callable[[DictConfig, Trial], None] | None = None
         if self.custom_search_space:
             path = self.custom_search_space.lstrip(".")  # ".module.fn": a module beside the script
             try:
@@ -105,8 +123,8 @@ class SweeperImpl:
             except Exception as e:  # noqa: BLE001
                 raise ValueError(f"hydra.sweeper.custom_search_space: cannot load {path!r}: {e}") from e
 
-        self.url = self.storage_url or st.default_storage(self.sweep_dir)
-        self.storage = st.open_storage(self.url)
+        self.url = sto.normalize(self.storage_url or st.default_storage(self.sweep_dir))
+        self.storage = sto.open_storage(self.url)
         self.name = self.study_name or str(self.config.hydra.job.name)
 
     def _check_presets(self) -> None:
@@ -133,7 +151,8 @@ class SweeperImpl:
         except KeyError:
             n_existing = 0
         node = OmegaConf.to_container(self.sampler_node)
-        if "seed" in node and not node["_target_"].endswith("QMCSampler"):
+        node.pop("search_space", None)
+        if "seed" in node and not node["_target_"].endswith(("QMCSampler", "GridSampler")):
             node["seed"] = st.worker_seed(node["seed"], n_existing, self.worker_id)
         sampler = st.build(OmegaConf.create(node), "sampler")
         if self.is_grid:
@@ -145,6 +164,8 @@ class SweeperImpl:
         self.storage.set_study_system_attr(
             study._study_id, st.PRUNER_ATTR, OmegaConf.to_container(self.pruner_node, resolve=True)
         )
+        if self.is_grid:
+            self._grid_order(study, node.get("seed"))
         if self.worker_id == 0:
             before = study.user_attrs.get("fixed_overrides")
             if before is None:
@@ -156,52 +177,119 @@ class SweeperImpl:
                 )
         return study
 
+    def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
+        """The study's grid order comes from the seed it was started with: every later process keeps it."""
+        attrs = self.storage.get_study_system_attrs(study._study_id)
+        if st.GRID_SEED_ATTR not in attrs:
+            self.storage.set_study_system_attr(study._study_id, st.GRID_SEED_ATTR, seed)
+        elif attrs[st.GRID_SEED_ATTR] != seed:
+            log.warning(f"hydra.sweeper.sampler.seed={seed} is ignored: study {self.name!r} keeps the grid order of "
+                        f"seed {attrs[st.GRID_SEED_ATTR]}, so every point still runs once")
+        self.points = st.grid_points(self.grid, attrs.get(st.GRID_SEED_ATTR, seed))
+
     # ------------------------------------------------------------------ sweep
-    def sweep(self, arguments: List[str]) -> None:
+    def sweep(self, arguments: list[str]) -> None:
         self._validate(arguments)
         study = self._open_study()
-        self.budget = self.n_trials
-        if self.grid is not None:
-            size = 1
-            for values in self.grid.values():
-                size *= len(values)
-            self.budget = min(self.n_trials, size)
+        self.budget = self.n_trials if self.grid is None else min(self.n_trials, len(self.points))
+        self.reaper = lv.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
-            orphans = st.fail_orphans(study, self.storage)
+            with sto.claim_lock(self.url, self.storage, study._study_id):
+                reaped = self.reaper.reap(study)
             log.info(
-                f"Study {self.name!r} in {self.url}: sampler {type(study.sampler).__name__}, pruner "
+                f"Study {self.name!r} in {sto.safe(self.url)}: sampler {type(study.sampler).__name__}, pruner "
                 f"{type(self.pruner).__name__}, directions {self.directions}, budget {self.budget} trials, "
-                f"{len(st.budget_trials(study.trials))} already done, {self.n_workers} worker(s)"
-                + (f"; {orphans} interrupted trial(s) will be rerun" if orphans else "")
+                f"{self._n_finished(study)} already done, {self.n_workers} worker(s)"
+                + (f"; {len(reaped)} interrupted trial(s) will be retried" if reaped else "")
             )
-        progress = st.Progress(study, self.budget, log)
-        if self.n_workers > 1:
-            self._run_workers(progress)
-        else:
+        progress = st.Progress(study, self.budget, log, self.max_retries)
+        lost = self._run_workers(study, progress) if self.n_workers > 1 else []
+        if self.n_workers == 1:
             self._work(study, progress)
         if self.worker_id == 0:
-            results = st.write_results(study, self.sweep_dir)
-            log.info(f"Done: {results['states']}; results in {Path(self.sweep_dir) / 'optimization_results.yaml'}")
-            self._check_failures(study, final=True)
+            self._finish_sweep(study, lost)
+
+    def _n_finished(self, study: optuna.Study) -> int:
+        return sum(t.state.is_finished() for t in st.budget_trials(study.get_trials(deepcopy=False)))
+
+    def _finish_sweep(self, study: optuna.Study, lost: list[str]) -> None:
+        results = st.write_results(study, self.sweep_dir)
+        path = Path(self.sweep_dir) / "optimization_results.yaml"
+        log.info(f"Done: {results['states']}; {len(results['retried'])} retried, {len(results['failed'])} failed; "
+                 f"results in {path}")
+        self._check_failures(study, final=True)
+        done = self._n_finished(study)
+        if done < self.budget:
+            raise RuntimeError(f"study {self.name!r} has {done} of {self.budget} trials finished"
+                               + (f" after losing {', '.join(lost)}" if lost else "")
+                               + "; run the same command again to finish it")
 
     def _work(self, study: optuna.Study, progress: st.Progress) -> None:
-        owner = f"{socket.gethostname()}:{os.getpid()}"
-        while not self._check_failures(study, final=False):
-            with st.claim_lock(self.url, self.storage, study._study_id):
-                used = len(st.budget_trials(study.get_trials(deepcopy=False)))
-                n = min(self.n_jobs, self.budget - used)
-                if n <= 0:
-                    return
-                trials = [study.ask() for _ in range(n)]
-                for t in trials:
-                    self.storage.set_trial_system_attr(t._trial_id, st.WORKER_ATTR, owner)
-                overrides = [self._configure(t) for t in trials]
-            returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
-            for trial, ret in zip(trials, returns):
-                self._tell(study, trial, ret)
-            progress.poll()
+        """Claim, launch and tell trials until the budget is used and no other worker's trial is running."""
+        poll_s = max(0.2, min(self.heartbeat_s, 1.0))
+        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat:
+            while not self._check_failures(study, final=False):
+                with sto.claim_lock(self.url, self.storage, study._study_id):
+                    self.reaper.reap(study)
+                    claim = self._claim(study)
+                    if claim is None:
+                        return
+                    trials, job = claim
+                    overrides = [self._configure(t) for t in trials]
+                if not trials:  # the budget is claimed, other workers' trials run: wait, one of them may die
+                    time.sleep(poll_s)
+                    progress.poll()
+                    continue
+                beat.trial_ids = [t._trial_id for t in trials]
+                try:
+                    returns = self.launcher.launch(overrides, initial_job_idx=job)
+                except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
+                    self._hand_back(study, trials, e)
+                    raise
+                beat.trial_ids = []
+                for trial, ret in zip(trials, returns, strict=True):
+                    try:
+                        self._tell(study, trial, ret)
+                    except UpdateFinishedTrialError:
+                        log.warning(f"trial {trial.number} was failed by another worker as not answering (raise "
+                                    "hydra.sweeper.grace_s?); its result is dropped and its retry stands for it")
+                progress.poll()
 
-    def _configure(self, trial: Trial) -> List[str]:
+    def _hand_back(self, study: optuna.Study, trials: list[Trial], e: BaseException) -> None:
+        """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
+        has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one)."""
+        why = f"worker {lv.owner_id()} stopped answering (interrupted: {type(e).__name__} {e})"
+        with sto.claim_lock(self.url, self.storage, study._study_id):
+            for t in trials:
+                frozen = self.storage.get_trial(t._trial_id)
+                if frozen.state == TrialState.RUNNING:
+                    log.warning(lv.fail_and_retry(study, frozen, why, self.max_retries))
+
+    def _claim(self, study: optuna.Study) -> tuple | None:
+        """(trials, first job number) to run now; ([], 0) to wait for others' running trials; None when done.
+        A waiting retry goes first, alone, under its original's job number (so it runs in that run dir)."""
+        trials = study.get_trials(deepcopy=False)
+        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        counted = st.budget_trials(trials)
+        n = 1 if waiting else min(self.n_jobs, self.budget - len(counted))
+        if n <= 0:
+            running = any(t.state == TrialState.RUNNING for t in trials)
+            return ([], 0) if running else None
+        if not waiting and self.grid is not None:
+            taken = {st.point_key(st.params_of(t), self.grid) for t in counted}
+            free = [p for p in self.points if st.point_key(p, self.grid) not in taken]
+            for point in free[:n]:
+                study.enqueue_trial(point)
+        asked = [study.ask() for _ in range(n)]
+        owner = lv.owner_id()
+        for t in asked:
+            job = self.storage.get_trial_system_attrs(t._trial_id).get(st.JOB_ATTR, t.number)
+            for key, value in ((st.WORKER_ATTR, owner), (st.HEARTBEAT_ATTR, time.time()), (st.JOB_ATTR, job)):
+                self.storage.set_trial_system_attr(t._trial_id, key, value)
+        first = self.storage.get_trial_system_attrs(asked[0]._trial_id)[st.JOB_ATTR]
+        return asked, first
+
+    def _configure(self, trial: Trial) -> list[str]:
         for name, dist in self.space.items():
             _suggest(trial, name, dist)
         for name, value in self.fixed.items():
@@ -211,7 +299,7 @@ class SweeperImpl:
         overlap = trial.params.keys() & self.fixed.keys()
         if overlap:
             raise ValueError(f"hydra.sweeper.custom_search_space suggests fixed parameters {sorted(overlap)}")
-        out: List[str] = []
+        out: list[str] = []
         for name, value in trial.params.items():
             if name in (self.presets or {}) and name not in self.fixed:
                 out += list(self.presets[name][str(value)])
@@ -256,7 +344,7 @@ class SweeperImpl:
 
     def _check_failures(self, study: optuna.Study, final: bool) -> bool:
         """True once failures exceed max_failure_rate of the budget; raises at the end of the sweep."""
-        failed = [t for t in st.budget_trials(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))]
+        failed = [t for t in st.budget_trials(study.get_trials(deepcopy=False)) if t.state == TrialState.FAIL]
         if len(failed) <= self.max_failure_rate * self.budget:
             return False
         if final:
@@ -267,10 +355,12 @@ class SweeperImpl:
         return True
 
     # ------------------------------------------------------------------ local worker processes
-    def _run_workers(self, progress: st.Progress) -> None:
+    def _run_workers(self, study: optuna.Study, progress: st.Progress) -> list[str]:
+        """Start the workers and wait for them; a worker that dies is reported, its trial is failed and
+        retried by the others (or at once here), and the rest go on. Returns the lost workers."""
         logs = Path(self.sweep_dir) / "workers"
         logs.mkdir(parents=True, exist_ok=True)
-        procs = []
+        procs, lost = [], []
         try:
             for i in range(1, self.n_workers + 1):
                 cmd = self._worker_command(i)
@@ -278,8 +368,13 @@ class SweeperImpl:
                 procs.append((subprocess.Popen(cmd, env=_worker_env(i, self.n_workers), stdout=out,
                                                stderr=subprocess.STDOUT), out))
             log.info(f"Started {self.n_workers} workers; logs in {logs}; worker command: {shlex.join(cmd)}")
+            reported = set()
             while any(p.poll() is None for p, _ in procs):
                 time.sleep(1.0)
+                for i, (p, _) in enumerate(procs, 1):
+                    if p.poll() not in (None, 0) and i not in reported:
+                        reported.add(i)
+                        lost.append(self._lost_worker(study, i, p, logs))
                 progress.poll()
             progress.poll()
         finally:
@@ -288,14 +383,20 @@ class SweeperImpl:
                     p.terminate()
                     p.wait()
                 out.close()
-        bad = [(i, p.returncode) for i, (p, _) in enumerate(procs, 1) if p.returncode != 0]
-        for i, code in bad:
-            tail = (logs / f"worker-{i}.log").read_text().splitlines()[-15:]
-            log.error(f"worker {i} exited with {code}:\n" + "\n".join(tail))
-        if bad:
-            raise RuntimeError(f"{len(bad)} of {self.n_workers} workers failed; logs in {logs}")
+        for i, (p, _) in enumerate(procs, 1):
+            if p.returncode not in (None, 0) and i not in reported:
+                lost.append(self._lost_worker(study, i, p, logs))
+        return lost
 
-    def _worker_command(self, worker_id: int) -> List[str]:
+    def _lost_worker(self, study: optuna.Study, i: int, proc: subprocess.Popen, logs: Path) -> str:
+        tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
+        log.error(f"lost worker {i} (pid {proc.pid}, exit {proc.returncode}); the others go on. Its log ends:\n"
+                  + "\n".join(tail))
+        with sto.claim_lock(self.url, self.storage, study._study_id):
+            self.reaper.reap(study)
+        return f"worker {i} (exit {proc.returncode})"
+
+    def _worker_command(self, worker_id: int) -> list[str]:
         argv = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
         argv[0] = sys.executable
         keep = [a for a in argv if a.lstrip("+~").split("=", 1)[0] not in WORKER_KEYS]
@@ -309,8 +410,8 @@ class SweeperImpl:
 
 
 def _finish(study: optuna.Study, trial: Trial, **kwargs: Any) -> None:
-    """study.tell, except that GridSampler's "grid exhausted" stop request (meant for
-    study.optimize) is ignored: the trial is stored before it is raised."""
+    """study.tell, except that GridSampler's "grid exhausted" stop request (meant for study.optimize) is
+    ignored: the trial is stored before it is raised."""
     try:
         study.tell(trial, **kwargs)
     except RuntimeError as e:
@@ -341,7 +442,7 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _visible_gpus() -> List[str]:
+def _visible_gpus() -> list[str]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
@@ -352,9 +453,10 @@ def _visible_gpus() -> List[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
-def _worker_env(worker_id: int, n_workers: int) -> Dict[str, str]:
+def _worker_env(worker_id: int, n_workers: int) -> dict[str, str]:
     """Worker i gets GPU i (round robin) when there are GPUs, else an equal share of the CPU cores."""
     env = dict(os.environ)
+    env[lv.PARENT_ENV] = str(os.getpid())
     gpus = _visible_gpus()
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[(worker_id - 1) % len(gpus)]

@@ -1,13 +1,14 @@
 """Hydra sweep grammar -> Optuna distributions.
 
-`choice(a, b)` and `a,b` -> categorical; `range(start, stop, step)` -> int (or stepped float)
-over the values the range really yields (stop excluded, as in Hydra); `interval(lo, hi)` ->
-float, or int when both ends are ints, `tag(log, interval(...))` -> log scale;
-`shuffle(range(...))` -> categorical. Anything else is a fixed value passed to every trial.
+`choice(a, b)` and `a,b` -> categorical; `range(start, stop, step)` -> int (or stepped float) from
+start to stop *included*, as hydra-optuna-sweeper builds it (`IntDistribution(start, stop, step)`;
+Hydra's basic sweeper excludes stop); `interval(lo, hi)` -> float, or int when both ends are ints,
+`tag(log, interval(...))` -> log scale. Anything else is a fixed value passed to every trial.
 """
 
 import math
-from typing import Any, Dict, List, Mapping, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Transformer
@@ -34,9 +35,9 @@ def _categorical(override: Override) -> CategoricalDistribution:
 def _range(override: Override) -> BaseDistribution:
     value = override.value()
     if value.shuffle:
-        return _categorical(override)
+        raise SearchSpaceError("shuffle(range(...)) has no meaning for a sampler; use range(...) or choice(...)")
     start, stop, step = value.start, value.stop, value.step
-    n = math.ceil((stop - start) / step)
+    n = math.floor((stop - start) / step + 1e-9) + 1  # stop included when the step reaches it
     if n < 1:
         raise SearchSpaceError(f"range({start}, {stop}, {step}) is empty")
     last = start + (n - 1) * step
@@ -68,7 +69,7 @@ def to_distribution(override: Override) -> Any:
     raise SearchSpaceError(f"{override.input_line!r} is not supported (use choice, range or interval)")
 
 
-def parse(params: Mapping[str, Any], arguments: List[str]) -> Tuple[Dict[str, BaseDistribution], Dict[str, str]]:
+def parse(params: Mapping[str, Any], arguments: list[str]) -> tuple[dict[str, BaseDistribution], dict[str, str]]:
     """Split `hydra.sweeper.params` plus command-line arguments into a search space and fixed values.
 
     A later entry for the same key wins, so `x=3` on the command line fixes a swept `x`.
@@ -76,8 +77,8 @@ def parse(params: Mapping[str, Any], arguments: List[str]) -> Tuple[Dict[str, Ba
     lines = [(f"hydra.sweeper.params.{k}", f"{k}={v}") for k, v in params.items()]
     lines += [("command line", a) for a in arguments]
     parser = OverridesParser.create()
-    space: Dict[str, BaseDistribution] = {}
-    fixed: Dict[str, str] = {}
+    space: dict[str, BaseDistribution] = {}
+    fixed: dict[str, str] = {}
     for where, line in lines:
         try:
             (override,) = parser.parse_overrides([line])
@@ -94,7 +95,7 @@ def parse(params: Mapping[str, Any], arguments: List[str]) -> Tuple[Dict[str, Ba
     return space, fixed
 
 
-def from_legacy(search_space: Mapping[str, Any]) -> Dict[str, str]:
+def from_legacy(search_space: Mapping[str, Any]) -> dict[str, str]:
     """hydra-optuna-sweeper's deprecated `search_space` node -> sweep expressions for `params`."""
     params = {}
     for key, spec in search_space.items():
@@ -108,7 +109,7 @@ def from_legacy(search_space: Mapping[str, Any]) -> Dict[str, str]:
             else:
                 lo, hi = float(lo), float(hi)
             if spec.get("step") is not None:
-                params[key] = f"range({lo},{hi + spec['step']},{spec['step']})"
+                params[key] = f"range({lo},{hi},{spec['step']})"
             elif spec.get("log"):
                 params[key] = f"tag(log,interval({lo},{hi}))"
             else:
@@ -118,9 +119,9 @@ def from_legacy(search_space: Mapping[str, Any]) -> Dict[str, str]:
     return params
 
 
-def grid(space: Mapping[str, BaseDistribution]) -> Dict[str, List[Any]]:
+def grid(space: Mapping[str, BaseDistribution]) -> dict[str, list[Any]]:
     """The value lists for optuna's GridSampler; only discrete distributions have one."""
-    out: Dict[str, List[Any]] = {}
+    out: dict[str, list[Any]] = {}
     for key, dist in space.items():
         if isinstance(dist, CategoricalDistribution):
             out[key] = list(dist.choices)

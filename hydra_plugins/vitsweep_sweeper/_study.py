@@ -1,41 +1,29 @@
-"""Study plumbing shared by the sweeper and the trial reporter: storage, budget, claims, progress."""
+"""Study plumbing shared by the sweeper and the trial reporter: sampler and pruner configs, budget,
+grid order, progress and results. Storages and the claim lock are in `_storage`, liveness in `_liveness`."""
 
-import contextlib
-import fcntl
+import itertools
 import math
-import os
-import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 import optuna
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import PRUNERS, SAMPLERS
+from ._storage import claim_lock, open_storage  # noqa: F401 - src/trial.py opens storages through here
+from .config import PRUNERS, SAMPLERS, TRANSLATED
 
 PRUNER_ATTR = "vitsweep:pruner"  # study system attr: the pruner config, read by every trial process
+GRID_SEED_ATTR = "vitsweep:grid_seed"  # study system attr: the seed of the grid order, one per study
 WORKER_ATTR = "vitsweep:worker"  # trial system attr: "host:pid" of the process running it
-SQLITE_TIMEOUT_S = 120  # how long a worker waits for another one's SQLite write lock
+HEARTBEAT_ATTR = "vitsweep:heartbeat"  # trial system attr: a counter its worker bumps every heartbeat_s
+JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
 
 
-def open_storage(url: str, existing: bool = False) -> optuna.storages.BaseStorage:
-    """Open (and create the tables of) an RDB storage; errors name `hydra.sweeper.storage`.
-    `existing=True` skips the table and version checks (a job opening its sweeper's storage)."""
-    try:
-        engine_kwargs: Dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
-        )
-    except Exception as e:  # noqa: BLE001 - any driver error means the same thing to the user
-        raise ValueError(f"hydra.sweeper.storage: cannot open {url!r}: {type(e).__name__}: {e}") from e
-
-
-def _node(value: Any, table: Dict[str, Any], key: str) -> DictConfig:
+def _node(value: Any, table: dict[str, Any], key: str) -> DictConfig:
     if value is None:
         value = "none" if key == "pruner" else "tpe"
     if isinstance(value, str):
@@ -56,15 +44,23 @@ def pruner_node(value: Any) -> DictConfig:
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """Instantiate a sampler or pruner node. hydra-optuna-sweeper keys that Optuna 5 deprecated are passed on
+    only when they differ from the default (same behaviour, no deprecation warning); renamed ones are renamed."""
+    cfg = OmegaConf.to_container(node)
+    for name, (default, new_name) in TRANSLATED.get(cfg.get("_target_"), {}).items():
+        if name in cfg:
+            value = cfg.pop(name)
+            if value != default:
+                cfg[new_name or name] = value
     try:
-        return instantiate(node, **kwargs)
+        return instantiate(OmegaConf.create(cfg), **kwargs)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"hydra.sweeper.{key}: cannot build {node.get('_target_')!r}: {e}") from e
 
 
-def worker_seed(seed: Optional[int], n_existing: int, worker_id: int) -> Optional[int]:
+def worker_seed(seed: int | None, n_existing: int, worker_id: int) -> int | None:
     """A fresh single run keeps the user's seed; a resumed run or another worker gets a new one,
-    so it does not replay the start-up points already in the study."""
+    so it does not replay the start-up points already in the study (not for grids: see grid_points)."""
     if seed is None or (n_existing == 0 and worker_id == 0):
         return seed
     import numpy as np
@@ -72,76 +68,55 @@ def worker_seed(seed: Optional[int], n_existing: int, worker_id: int) -> Optiona
     return int(np.random.SeedSequence([seed, n_existing, worker_id]).generate_state(1)[0])
 
 
+class WarmupPruner(optuna.pruners.BasePruner):
+    """`n_warmup_steps: N` as the sweep files mean it: a trial is never pruned at its first N evaluations,
+    whatever step numbers it reports (the trainer counts epochs from 1; Optuna's own check is `step < N`)."""
+
+    def __init__(self, pruner: optuna.pruners.BasePruner, n_warmup_evaluations: int) -> None:
+        self.pruner, self.n_warmup_evaluations = pruner, n_warmup_evaluations
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if len(trial.intermediate_values) <= self.n_warmup_evaluations:
+            return False
+        return self.pruner.prune(study, trial)
+
+
 def pruner_from_study(storage: optuna.storages.BaseStorage, study_id: int) -> optuna.pruners.BasePruner:
     cfg = storage.get_study_system_attrs(study_id).get(PRUNER_ATTR)
-    return instantiate(OmegaConf.create(cfg)) if cfg else optuna.pruners.NopPruner()
+    if not cfg:
+        return optuna.pruners.NopPruner()
+    cfg = dict(cfg)
+    warmup = int(cfg.get("n_warmup_steps") or 0)
+    if warmup:
+        cfg["n_warmup_steps"] = 0
+    pruner = instantiate(OmegaConf.create(cfg))
+    return WarmupPruner(pruner, warmup) if warmup else pruner
 
 
-def budget_trials(trials: Sequence[FrozenTrial]) -> List[FrozenTrial]:
-    """Trials that use up the budget: all but those whose worker died mid-trial."""
-    return [t for t in trials if not t.user_attrs.get("interrupted")]
+def budget_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that use up the budget: all but those a retry replaced (their worker died mid-trial)."""
+    replaced = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    return [t for t in trials if t.number not in replaced]
 
 
-def fail_orphans(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int:
-    """Mark RUNNING trials whose worker process on this host is gone as FAIL (interrupted), so a
-    resumed run re-spends their share of the budget. Trials of other hosts are left alone."""
-    host = socket.gethostname()
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = t.system_attrs.get(WORKER_ATTR, "")
-        h, _, pid = owner.rpartition(":")
-        if h != host or not pid.isdigit() or _alive(int(pid)):
-            continue
-        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        storage.set_trial_user_attr(t._trial_id, "error", f"interrupted: worker {owner} exited")
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        n += 1
-    return n
+def params_of(t: FrozenTrial) -> dict[str, Any]:
+    """A trial's parameters; a WAITING (enqueued) one has them as `fixed_params` only."""
+    return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def grid_points(grid: dict[str, list[Any]], seed: int | None) -> list[dict[str, Any]]:
+    """Every point of the grid in one order per study: shuffled by the study's seed, as GridSampler does,
+    so every process, worker and resume of the study agrees on it."""
+    import numpy as np
+
+    keys = sorted(grid)
+    points = list(itertools.product(*(grid[k] for k in keys)))
+    np.random.RandomState(seed or 0).shuffle(points)
+    return [dict(zip(keys, p, strict=True)) for p in points]
 
 
-@contextlib.contextmanager
-def claim_lock(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> Iterator[None]:
-    """Serialise "count the budget, then ask" across workers so a study never overshoots n_trials.
-
-    SQLite: an flock next to the database file (workers on this machine). PostgreSQL and
-    MySQL: a row lock on the study, held by a separate connection while the claim runs.
-    """
-    path = _local_path(url)
-    if path is not None:
-        with open(f"{path}.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-        return
-    engine = getattr(storage, "engine", None)
-    if engine is None:  # in-memory storage: one process only
-        yield
-        return
-    import sqlalchemy
-
-    with engine.connect() as conn, conn.begin():
-        conn.execute(
-            sqlalchemy.text("SELECT study_id FROM studies WHERE study_id = :i FOR UPDATE"), {"i": study_id}
-        )
-        yield
-
-
-def _local_path(url: str) -> Optional[str]:
-    if url.startswith("sqlite:///"):
-        return url[len("sqlite:///") :]
-    return None
+def point_key(params: dict[str, Any], keys: Sequence[str]) -> tuple:
+    return tuple(repr(params.get(k)) for k in sorted(keys))
 
 
 def default_storage(sweep_dir: str) -> str:
@@ -150,7 +125,7 @@ def default_storage(sweep_dir: str) -> str:
     return f"sqlite:///{path}"
 
 
-def fmt(values: Optional[Sequence[float]]) -> str:
+def fmt(values: Sequence[float] | None) -> str:
     if values is None:
         return "-"
     return ",".join(f"{v:.4g}" for v in values)
@@ -159,24 +134,35 @@ def fmt(values: Optional[Sequence[float]]) -> str:
 class Progress:
     """One line per finished trial: counter, number, state, value, best so far, elapsed."""
 
-    def __init__(self, study: optuna.Study, n_trials: int, log: Any) -> None:
-        self.study, self.n_trials, self.log = study, n_trials, log
+    def __init__(self, study: optuna.Study, n_trials: int, log: Any, max_retries: int = 0) -> None:
+        self.study, self.n_trials, self.log, self.max_retries = study, n_trials, log, max_retries
         self.t0 = time.time()
-        finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        self.seen = {t.number for t in finished}
-        self.done = len(budget_trials(finished))
+        trials = study.get_trials(deepcopy=False)
+        self.seen = {t.number for t in trials if t.state.is_finished()}
+        self.done = sum(t.state.is_finished() for t in budget_trials(trials))
 
     def poll(self) -> None:
-        for t in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
+        trials = self.study.get_trials(deepcopy=False)
+        retries = {t.user_attrs["retry_of"]: t.number for t in trials if "retry_of" in t.user_attrs}
+        for t in trials:
             if t.number in self.seen or not t.state.is_finished():
                 continue
+            if t.number not in retries and self._retry_pending(t):
+                continue  # failed as interrupted a moment ago; its retry is being enqueued
             self.seen.add(t.number)
-            self.done += not t.user_attrs.get("interrupted")
+            if t.number in retries:
+                self.log.warning(f"trial {t.number} failed: {t.user_attrs.get('error', 'interrupted')}; retried as "
+                                 f"trial {retries[t.number]} with the same parameters")
+                continue
+            self.done += 1
             err = f" error={t.user_attrs.get('error', '')[:120]!r}" if t.state == TrialState.FAIL else ""
             self.log.info(
                 f"[{self.done:>3}/{self.n_trials}] trial {t.number} {t.state.name} value={fmt(t.values)} "
                 f"best={self.best()} elapsed={time.time() - self.t0:.1f}s{err}"
             )
+
+    def _retry_pending(self, t: FrozenTrial) -> bool:
+        return bool(t.user_attrs.get("interrupted")) and int(t.user_attrs.get("retries", 0)) < self.max_retries
 
     def best(self) -> str:
         try:
@@ -190,16 +176,24 @@ class Progress:
         return f"{fmt(best[0].values)} (#{best[0].number})"
 
 
-def state_counts(study: optuna.Study) -> Dict[str, int]:
-    counts: Dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
+def state_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in trials:
         counts[t.state.name] = counts.get(t.state.name, 0) + 1
     return counts
 
 
-def write_results(study: optuna.Study, sweep_dir: str) -> Dict[str, Any]:
-    """`optimization_results.yaml` in hydra-optuna-sweeper's format (best_params/best_value or solutions)."""
-    out: Dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "states": state_counts(study)}
+def write_results(study: optuna.Study, sweep_dir: str) -> dict[str, Any]:
+    """`optimization_results.yaml` in hydra-optuna-sweeper's format (best_params/best_value or solutions), plus
+    the failed trials of the budget and the retries of trials whose worker died."""
+    trials = study.get_trials(deepcopy=False)
+    counted = budget_trials(trials)
+    out: dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "states": state_counts(counted)}
+    out["failed"] = [{"number": t.number, "params": params_of(t), "error": t.user_attrs.get("error")}
+                     for t in counted if t.state == TrialState.FAIL]
+    out["retried"] = [{"number": t.number, "retry_of": t.user_attrs["retry_of"],
+                       "error": trials[t.user_attrs["retry_of"]].user_attrs.get("error")}
+                      for t in trials if "retry_of" in t.user_attrs]
     try:
         if len(study.directions) == 1:
             out["best_params"] = study.best_trial.params

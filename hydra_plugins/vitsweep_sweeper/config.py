@@ -1,13 +1,15 @@
 """Structured configs for `hydra/sweeper=vitsweep`, registered with Hydra's ConfigStore.
 
-The keys are those of hydra-optuna-sweeper 1.2 (so its sweep files run after changing only the
-sweeper name) plus `pruner`, `n_workers` and `presets`. Samplers live in `hydra/sweeper/sampler`
+The keys are those of hydra-optuna-sweeper 1.2/1.3 and its 1.4 pre-releases, with their defaults (so its
+sweep files run after changing only the sweeper name), plus `pruner`, `n_workers`, `presets` and the
+liveness keys. Sampler keys Optuna 5 deprecated are accepted and passed on only when set to another value
+than the default (`TRANSLATED`). Samplers live in `hydra/sweeper/sampler`
 and pruners in `hydra/sweeper/pruner`, so `override hydra/sweeper/sampler: tpe` keeps working;
 `hydra.sweeper.sampler=<name>` and `hydra.sweeper.pruner=<name>` are accepted as shorthands.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -16,64 +18,92 @@ from omegaconf import MISSING
 @dataclass
 class TPESamplerConfig:
     _target_: str = "optuna.samplers.TPESampler"
-    seed: Optional[int] = None
+    seed: int | None = None
+    consider_prior: bool = True
+    prior_weight: float = 1.0
+    consider_magic_clip: bool = True
+    consider_endpoints: bool = False
     n_startup_trials: int = 10  # random trials before the density model is used
     n_ei_candidates: int = 24
     multivariate: bool = False
+    warn_independent_sampling: bool = True
     group: bool = False
-    constant_liar: bool = True  # running trials count as pessimistic results: parallel workers spread out
+    constant_liar: bool = True  # not an HOS key; Optuna 5's default: running trials count as bad, workers spread out
+    constraints_func: Any | None = None  # a node with _target_ (and _partial_: true) naming fn(trial)
+
+
+@dataclass
+class MOTPESamplerConfig:  # MOTPESampler left Optuna in 4.0: TPE handles several objectives
+    _target_: str = "optuna.samplers.TPESampler"
+    seed: int | None = None
+    consider_prior: bool = True
+    prior_weight: float = 1.0
+    consider_magic_clip: bool = True
+    consider_endpoints: bool = False
+    n_startup_trials: int = 10
+    n_ehvi_candidates: int = 24  # passed to TPE as n_ei_candidates
 
 
 @dataclass
 class RandomSamplerConfig:
     _target_: str = "optuna.samplers.RandomSampler"
-    seed: Optional[int] = None
+    seed: int | None = None
 
 
 @dataclass
 class CmaEsSamplerConfig:
     _target_: str = "optuna.samplers.CmaEsSampler"
-    seed: Optional[int] = None
-    x0: Optional[Dict[str, Any]] = None
-    sigma0: Optional[float] = None
+    seed: int | None = None
+    x0: dict[str, Any] | None = None
+    sigma0: float | None = None
     n_startup_trials: int = 1
+    independent_sampler: Any | None = None  # a sampler node with _target_
+    warn_independent_sampling: bool = True
     consider_pruned_trials: bool = False
-    restart_strategy: Optional[str] = None
+    restart_strategy: str | None = None
+    inc_popsize: int = 2
     use_separable_cma: bool = False
+    source_trials: Any | None = None
 
 
 @dataclass
 class NSGAIISamplerConfig:
     _target_: str = "optuna.samplers.NSGAIISampler"
-    seed: Optional[int] = None
+    seed: int | None = None
     population_size: int = 50
-    mutation_prob: Optional[float] = None
+    mutation_prob: float | None = None
     crossover_prob: float = 0.9
     swapping_prob: float = 0.5
+    constraints_func: Any | None = None  # a node with _target_ (and _partial_: true) naming fn(trial)
 
 
 @dataclass
 class GridSamplerConfig:
     _target_: str = "optuna.samplers.GridSampler"
     _partial_: bool = True  # the grid is built from `params` at sweep time
-    seed: Optional[int] = None
+    seed: int | None = None  # the order of the grid, one per study (every worker and resume keeps it)
+    search_space: dict[str, Any] | None = None  # HOS: {param: [values]}, added to `params` as choices
 
 
 @dataclass
 class QMCSamplerConfig:
     _target_: str = "optuna.samplers.QMCSampler"
-    seed: Optional[int] = None
+    seed: int | None = None
     qmc_type: str = "sobol"
     scramble: bool = False
-    warn_asynchronous_seeding: bool = False  # workers share one sequence through the storage
+    independent_sampler: Any | None = None
+    warn_asynchronous_seeding: bool = True
+    warn_independent_sampling: bool = True
 
 
 @dataclass
 class GPSamplerConfig:
     _target_: str = "optuna.samplers.GPSampler"
-    seed: Optional[int] = None
+    seed: int | None = None
     n_startup_trials: int = 10
+    independent_sampler: Any | None = None
     deterministic_objective: bool = False
+    warn_independent_sampling: bool = True
 
 
 @dataclass
@@ -85,7 +115,7 @@ class NopPrunerConfig:
 class MedianPrunerConfig:
     _target_: str = "optuna.pruners.MedianPruner"
     n_startup_trials: int = 5  # finished trials before anything is pruned
-    n_warmup_steps: int = 0  # evaluations (epochs) a trial always gets
+    n_warmup_steps: int = 0  # evaluations a trial always gets (counted, whatever step numbers are reported)
     interval_steps: int = 1
     n_min_trials: int = 1
 
@@ -116,7 +146,15 @@ SAMPLERS = {
     "grid": GridSamplerConfig,
     "qmc": QMCSamplerConfig,
     "gp": GPSamplerConfig,
-    "motpe": TPESamplerConfig,  # removed in Optuna 4; TPE handles several objectives
+    "motpe": MOTPESamplerConfig,
+}
+
+_TPE_DEPRECATED = {"consider_prior": (True, None), "prior_weight": (1.0, None), "consider_magic_clip": (True, None),
+                   "consider_endpoints": (False, None), "warn_independent_sampling": (True, None)}
+# _target_ -> {key: (default, new name or None)}: keys dropped at their default, renamed when set
+TRANSLATED = {
+    "optuna.samplers.TPESampler": {**_TPE_DEPRECATED, "n_ehvi_candidates": (None, "n_ei_candidates")},
+    "optuna.samplers.CmaEsSampler": {"inc_popsize": (2, None), "restart_strategy": (None, None)},
 }
 
 PRUNERS = {
@@ -130,22 +168,25 @@ PRUNERS = {
 @dataclass
 class VitsweepSweeperConf:
     _target_: str = "hydra_plugins.vitsweep_sweeper.sweeper.VitsweepSweeper"
-    defaults: List[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
 
     sampler: Any = MISSING  # a node with _target_, or a name from SAMPLERS
     pruner: Any = MISSING  # a node with _target_, or a name from PRUNERS
     direction: Any = "minimize"  # or a list, one per returned value
-    storage: Optional[str] = None  # null = sqlite:///<sweep dir>/optuna.db
-    study_name: Optional[str] = None  # null = hydra.job.name
+    storage: str | None = None  # null = sqlite:///<sweep dir>/optuna.db
+    study_name: str | None = None  # null = hydra.job.name
     n_trials: int = 20  # the study's total budget, counted across runs and workers
     n_jobs: int = 1  # trials handed to the launcher at once, per worker
     n_workers: int = 1  # local worker processes pulling trials from the storage
-    max_failure_rate: float = 0.0  # stop once failed trials exceed this share of n_trials
-    search_space: Optional[Dict[str, Any]] = None  # deprecated hydra-optuna-sweeper form
-    params: Optional[Dict[str, Any]] = field(default_factory=dict)  # key: Hydra sweep expression
-    custom_search_space: Optional[str] = None  # dotpath of fn(cfg, trial) adding suggestions
-    presets: Optional[Dict[str, Any]] = None  # param -> {choice: [overrides]} for non-grid sets
-    worker_id: int = 0  # set for the worker processes by the sweeper
+    max_failure_rate: float = 0.0  # stop once failed trials exceed this share of n_trials (retries do not count)
+    search_space: dict[str, Any] | None = None  # deprecated hydra-optuna-sweeper form
+    params: dict[str, Any] | None = field(default_factory=dict)  # key: Hydra sweep expression
+    custom_search_space: str | None = None  # dotpath of fn(cfg, trial) adding suggestions
+    presets: dict[str, Any] | None = None  # param -> {choice: [overrides]} for non-grid sets
+    worker_id: int = 0  # set for the worker processes by the sweeper; 0 writes optimization_results.yaml
+    heartbeat_s: float = 30.0  # seconds between a worker's heartbeats for its running trials
+    grace_s: float | None = None  # a RUNNING trial with no heartbeat for this long is failed; null = 4 beats
+    max_retries: int = 1  # times a trial whose worker died runs again with the same parameters
 
 
 def register() -> None:

@@ -4,7 +4,7 @@ This module is what Hydra's plugin scan imports; Optuna and the implementation l
 sweep actually uses this sweeper.
 """
 
-from typing import Any, List
+from typing import Any
 
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
@@ -20,5 +20,5 @@ class VitsweepSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.impl.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def sweep(self, arguments: List[str]) -> None:
+    def sweep(self, arguments: list[str]) -> None:
         return self.impl.sweep(arguments)

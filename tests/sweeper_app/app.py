@@ -20,6 +20,8 @@ def main(cfg: DictConfig):
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.fail:
         raise RuntimeError("planted failure")
+    if cfg.interrupt:
+        raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
     reporter = make_reporter(cfg)
     final = cfg.x**2 + cfg.y**2 + (100.0 if cfg.bad else 0.0)
     stop_reason = "max_epochs"

@@ -1,0 +1,130 @@
+"""Liveness of workers on any host: heartbeats, and failing plus retrying the trials of dead workers.
+
+Optuna's own heartbeat works only inside `study.optimize()`; the sweeper uses ask/tell, so it keeps its
+own. Each worker bumps `vitsweep:heartbeat` of its running trials every `heartbeat_s`. Any worker, while
+it holds the claim lock, fails a RUNNING trial of another worker when that worker's process is gone (same
+host) or its heartbeat has not moved for `grace_s` by the reaper's own clock (any host; no clock sync
+needed), and enqueues a retry with the same parameters, linked both ways in the trial records.
+"""
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from ._study import HEARTBEAT_ATTR, JOB_ATTR, WORKER_ATTR, params_of
+
+log = logging.getLogger(__name__)
+PARENT_ENV = "VITSWEEP_PARENT_PID"  # set for worker processes: the sweep's main process
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """A daemon thread that bumps the heartbeat of this worker's running trials every `heartbeat_s`, and ends a
+    worker process with SIGTERM once the main sweep process that started it is gone."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, heartbeat_s: float) -> None:
+        self.storage, self.heartbeat_s = storage, heartbeat_s
+        self.trial_ids: list[int] = []
+        self.parent = int(os.environ.get(PARENT_ENV) or 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vitsweep-heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self._stop.wait(min(1.0, self.heartbeat_s)):
+            if self.parent and os.getppid() != self.parent:
+                log.error(f"the main sweep process {self.parent} is gone; stopping this worker")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.heartbeat_s
+                for trial_id in list(self.trial_ids):
+                    try:
+                        self.storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+                    except Exception as e:  # noqa: BLE001 - a finished trial or a busy storage: try next time
+                        log.debug(f"heartbeat of trial id {trial_id}: {e}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Reaper:
+    """Fails the RUNNING trials of dead workers and enqueues their retries; call it under the claim lock."""
+
+    def __init__(self, grace_s: float, max_retries: int, me: str | None = None) -> None:
+        self.grace_s, self.max_retries, self.me = grace_s, max_retries, me or owner_id()
+        self.seen: dict[int, tuple[Any, float]] = {}  # trial id -> (heartbeat value, when first seen here)
+
+    def why_dead(self, t: FrozenTrial) -> str | None:
+        owner = str(t.system_attrs.get(WORKER_ATTR, ""))
+        if owner == self.me or not owner:
+            return None
+        host, _, pid = owner.rpartition(":")
+        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            return f"worker {owner} stopped answering (its process is gone)"
+        beat, now = t.system_attrs.get(HEARTBEAT_ATTR), time.monotonic()
+        last = self.seen.get(t._trial_id)
+        if last is None or last[0] != beat:
+            self.seen[t._trial_id] = (beat, now)
+            return None
+        if now - last[1] > self.grace_s:
+            return f"worker {owner} stopped answering (no heartbeat for {now - last[1]:.0f} s)"
+        return None
+
+    def reap(self, study: optuna.Study) -> list[str]:
+        """Fail and retry every RUNNING trial whose worker is gone; one log line each."""
+        lines = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            why = self.why_dead(t)
+            if why is not None:
+                lines.append(fail_and_retry(study, t, why, self.max_retries))
+                log.warning(lines[-1])
+        return lines
+
+
+def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: int) -> str:
+    """Mark `t` FAIL (interrupted) and, while it has retries left, enqueue the same parameters as a new trial
+    that records `retry_of` and `retries` and keeps `t`'s Hydra job number, so it runs in `t`'s run dir."""
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(t._trial_id, "error", why)
+        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return f"trial {t.number} finished while being failed as interrupted; not retried"
+    retries = int(t.user_attrs.get("retries", 0))
+    if retries >= max_retries:
+        return f"trial {t.number} failed: {why}; not retried (hydra.sweeper.max_retries={max_retries})"
+    template = create_trial(
+        state=TrialState.WAITING,
+        system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
+        user_attrs={"retry_of": t.number, "retries": retries + 1},
+    )
+    number = storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
+    return f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"

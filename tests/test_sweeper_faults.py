@@ -1,0 +1,218 @@
+"""Fault injection for the vitsweep sweeper (`pytest -m faults`): dead workers, a dead main process, seeded grids
+with several workers and resumes, failing and NaN trials, a silent worker on another host, bad storages.
+
+Trials are the tiny task in tests/sweeper_app (sleeps, no torch), so the suite takes about a minute."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from hydra_plugins.vitsweep_sweeper import _study as st
+from tests.test_sweeper import APP, ROOT, load, sweep
+
+pytestmark = pytest.mark.faults
+
+GRID = ["x=choice(0,1,2)", "y=choice(0,1)", "hydra/sweeper/sampler=grid"]  # 6 points
+LIVENESS = ["hydra.sweeper.heartbeat_s=0.5", "hydra.sweeper.grace_s=3"]
+
+
+def counted(study):
+    return st.budget_trials(study.get_trials())
+
+
+def assert_each_point_once(study, n_points=6):
+    """Each grid point COMPLETE exactly once among all trials, and the budget's trials are exactly the grid."""
+    done = [(t.params["x"], t.params["y"]) for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(done) == len(set(done)) == n_points, sorted(done)
+    assert len(counted(study)) == n_points
+
+
+def start(tmp_path, *overrides):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, str(APP), "-m", f"hydra.sweep.dir={tmp_path}", *overrides]
+    return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout=120, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 - the database may not exist yet
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running_worker_trial(tmp_path, main_pid):
+    """A RUNNING trial whose worker (not the main process) is known, after its first evaluation."""
+    for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,)):
+        owner = t.system_attrs.get(st.WORKER_ATTR, "")
+        pid = int(owner.rpartition(":")[2] or 0)
+        if pid and pid != main_pid and t.intermediate_values:
+            return t, pid
+    return None
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_path):
+    args = [*GRID, "sleep_s=0.4", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6", *LIVENESS]
+    proc = start(tmp_path, *args)
+    victim, pid = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial")
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]  # max_failure_rate=0: the interrupted trial is not a failure
+    assert "lost worker" in out + err and "retried as trial" in out + err
+    study = load(tmp_path)
+    assert_each_point_once(study)
+    dead = study.trials[victim.number]
+    assert dead.state == TrialState.FAIL and "stopped answering" in dead.user_attrs["error"]
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["retries"] == 1
+    assert retry.params == dead.params
+    assert Path(retry.user_attrs["run_dir"]) == tmp_path / str(victim.number)  # the dead trial's run dir
+    results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert results["states"] == {"COMPLETE": 6}
+    assert results["retried"] == [{"number": retry.number, "retry_of": victim.number,
+                                   "error": dead.user_attrs["error"]}]
+
+
+def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(tmp_path):
+    args = [*GRID, "sleep_s=0.5", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6", *LIVENESS]
+    proc = start(tmp_path, *args)
+    wait_for(lambda: len(load(tmp_path).get_trials(states=(TrialState.COMPLETE,))) >= 1, what="a finished trial")
+    running = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    wait_for(lambda: gone(running[1]), timeout=60, what="the orphaned workers to stop")
+    sweep(tmp_path, *args)  # the same command
+    study = load(tmp_path)
+    assert_each_point_once(study)
+    interrupted = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert interrupted, "the orphaned workers stopped mid-trial: their trials are failed and retried"
+    for t in interrupted:
+        assert "stopped answering" in t.user_attrs["error"]
+        (retry,) = [r for r in study.trials if r.user_attrs.get("retry_of") == t.number]
+        assert retry.state == TrialState.COMPLETE and retry.params == t.params
+
+
+def test_seeded_grid_with_two_workers_runs_every_point_once(tmp_path):
+    sweep(tmp_path, *GRID, "sleep_s=0.05", "hydra.sweeper.sampler.seed=7", "hydra.sweeper.n_workers=2",
+          "hydra.sweeper.n_trials=6")
+    assert_each_point_once(load(tmp_path))
+
+
+def test_seeded_grid_resumed_with_a_larger_budget_runs_every_point_once(tmp_path):
+    args = [*GRID, "hydra.sweeper.sampler.seed=7"]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=2")
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=4", "hydra.sweeper.n_workers=2")
+    proc = sweep(tmp_path, *args, "hydra.sweeper.n_trials=10", "hydra.sweeper.sampler.seed=8")
+    assert "keeps the grid order of seed 7" in proc.stdout + proc.stderr
+    assert_each_point_once(load(tmp_path))
+
+
+def test_raising_and_nan_trials_are_listed_and_the_grid_finishes(tmp_path):
+    sweep(tmp_path, "fail=choice(true,false)", "nan=choice(true,false)", "x=choice(0,1,2)",
+          "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=12", "hydra.sweeper.max_failure_rate=0.75")
+    study = load(tmp_path)
+    assert len(study.trials) == 12
+    assert {t.state for t in study.trials if not t.params["fail"] and not t.params["nan"]} == {TrialState.COMPLETE}
+    results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert results["states"] == {"COMPLETE": 3, "FAIL": 9}
+    errors = {(f["params"]["fail"], f["params"]["nan"]): f["error"] for f in results["failed"]}
+    assert "RuntimeError: planted failure" in errors[(True, False)]
+    assert "non-finite objective" in errors[(False, True)]
+
+
+def test_failures_beyond_the_rate_stop_the_study_and_name_the_key(tmp_path):
+    proc = sweep(tmp_path, "fail=choice(true,false)", "x=choice(0,1,2)", "hydra/sweeper/sampler=grid",
+                 "hydra.sweeper.sampler.seed=0", "hydra.sweeper.max_failure_rate=0.1", check=False)
+    assert proc.returncode != 0 and "hydra.sweeper.max_failure_rate=0.1" in proc.stderr
+
+
+def test_a_silent_worker_on_another_host_is_failed_and_its_trial_retried(tmp_path):
+    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
+    study = load(tmp_path)
+    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
+    study.enqueue_trial(point)
+    foreign = study.ask()
+    foreign.suggest_categorical("x", [0, 1, 2])
+    for key, value in ((st.WORKER_ATTR, "gpu-node-7:4242"), (st.HEARTBEAT_ATTR, 1.0), (st.JOB_ATTR, foreign.number)):
+        study._storage.set_trial_system_attr(foreign._trial_id, key, value)
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=3")
+    study = load(tmp_path)
+    dead = study.trials[foreign.number]
+    assert dead.state == TrialState.FAIL
+    assert dead.user_attrs["error"].startswith("worker gpu-node-7:4242 stopped answering")
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == foreign.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == point
+    assert sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0, 1, 2]
+
+
+def test_a_worker_stopped_mid_trial_hands_its_trial_back_and_the_same_command_continues_it(tmp_path):
+    """SIGTERM (e.g. SLURM preemption): the run stops after a checkpoint with SystemExit; the worker fails its trial
+    and enqueues the retry at once, and the next command runs it under the same job number (run dir)."""
+    proc = sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2", "interrupt=true",
+                 check=False)
+    assert proc.returncode == 143
+    study = load(tmp_path)
+    first = study.trials[0]
+    assert first.state == TrialState.FAIL
+    assert "stopped answering (interrupted: SystemExit 143)" in first.user_attrs["error"]
+    assert study.trials[1].state == TrialState.WAITING and study.trials[1].user_attrs["retry_of"] == 0
+    sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2")
+    study = load(tmp_path)
+    done = sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    assert done == [0, 1] and len(counted(study)) == 2
+    assert Path(study.trials[1].user_attrs["run_dir"]) == tmp_path / "0"
+
+
+def test_an_unreachable_storage_fails_before_any_trial(tmp_path):
+    url = "postgresql+psycopg://nobody@127.0.0.1:9/none"  # the discard port: nothing listens
+    proc = sweep(tmp_path, "x=interval(0,1)", f"hydra.sweeper.storage='{url}'", check=False)
+    assert proc.returncode != 0
+    assert "hydra.sweeper.storage: cannot open 'postgresql+psycopg://nobody@127.0.0.1:9/none'" in proc.stderr
+    assert not (tmp_path / "0").exists()
+
+
+def test_a_missing_driver_names_the_extra_before_any_trial(tmp_path):
+    shadow = tmp_path / "shadow" / "psycopg"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('psycopg is not installed here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(ROOT)])}
+    from tests.test_sweeper import run
+
+    proc = run([APP, "-m", f"hydra.sweep.dir={tmp_path}", "x=interval(0,1)",
+                "hydra.sweeper.storage='postgresql+psycopg://u:secret@db-host/vitsweep'"],
+               cwd=tmp_path, check=False, env=env)
+    assert proc.returncode != 0
+    assert "needs the Python module 'psycopg'" in proc.stderr and "vitsweep[postgres]" in proc.stderr
+    assert "secret" not in proc.stderr
+    assert not (tmp_path / "0").exists()
+
+
+def test_journal_storage_runs_two_workers(tmp_path):
+    url = f"journal://{tmp_path}/study.log"
+    sweep(tmp_path, *GRID, "sleep_s=0.05", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6",
+          f"hydra.sweeper.storage='{url}'")
+    from hydra_plugins.vitsweep_sweeper._storage import open_storage
+
+    assert_each_point_once(optuna.load_study(study_name="app", storage=open_storage(url)))
