@@ -1,0 +1,74 @@
+"""The sweeper and the trainer together: a worker SIGKILLed mid-trial has its trial retried in the dead
+trial's run dir, and `trainer.resume=auto` continues it from the last checkpoint, ending exactly as an
+uninterrupted run of the same point."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.test_sweeper import ROOT
+from hydra_plugins.vitsweep_sweeper import _study as st
+from tests.test_sweeper_faults import LIVENESS, wait_for
+
+pytestmark = pytest.mark.faults
+
+RUN = ["model.dim=16", "model.depth=1", "model.heads=2", "model.mlp_dim=32", "model.dropout=0.1",
+       "dataset.n_train=200", "dataset.augment=flip_crop", "optimizer.lr=3e-3", "trainer.batch_size=50",
+       "trainer.max_epochs=60", "trainer.precision=fp32", "trainer.device=cpu", "trainer.progress=false",
+       "trainer.num_threads=1"]
+VOLATILE = ("wall_s", "images_per_s")  # timings differ between any two runs
+
+
+def train_cmd(*overrides, multirun=False):
+    return [sys.executable, "-m", "src.train", *(["-m"] if multirun else []), *RUN, *overrides]
+
+
+def rows(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE} for line in lines]
+
+
+def test_a_killed_workers_trial_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        train_cmd("hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "seed=choice(0,1)",
+                  "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=2", "hydra.sweeper.study_name=resume",
+                  f"hydra.sweep.dir={sweep_dir}", *LIVENESS, multirun=True),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def load():
+        return optuna.load_study(study_name="resume", storage=f"sqlite:///{sweep_dir}/optuna.db")
+
+    def after_three_epochs():
+        for t in load().get_trials(states=(TrialState.RUNNING,)):
+            pid = int(t.system_attrs.get(st.WORKER_ATTR, "").rpartition(":")[2] or 0)
+            if pid and pid != proc.pid and len(t.intermediate_values) >= 3:
+                return t, pid
+        return None
+
+    victim, pid = wait_for(after_three_epochs, timeout=240, what="a worker's trial past its third epoch")
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+    study = load()
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == victim.params
+    run_dir = sweep_dir / str(victim.number)
+    assert retry.user_attrs["run_dir"] == str(run_dir)
+    assert "resuming" in (run_dir / "train.log").read_text(), "the retry started over instead of resuming"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+    ref = tmp_path / "ref"
+    subprocess.run(train_cmd(f"seed={victim.params['seed']}", f"hydra.run.dir={ref}"), cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=600)
+    got, want = rows(run_dir), rows(ref)
+    assert [r["epoch"] for r in got] == list(range(1, 61))  # no row lost or repeated across the kill
+    assert got == want
