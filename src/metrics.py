@@ -27,25 +27,46 @@ def binary_metrics(prob_pos: np.ndarray, labels: np.ndarray) -> dict[str, float]
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader, autocast: contextlib.AbstractContextManager | None = None,
-             num_classes: int | None = None) -> dict[str, float]:
-    """Mean cross-entropy loss and error (1 - accuracy) of ``model`` over ``loader``."""
+             num_classes: int | None = None, clean_labels: torch.Tensor | None = None,
+             flipped: torch.Tensor | None = None) -> dict[str, float]:
+    """Mean cross-entropy loss, error (1 - accuracy) and accuracy of ``model`` over ``loader``.
+
+    With ``clean_labels`` and ``flipped`` (aligned with the loader's unshuffled order: the original labels
+    of the same images and which of them label noise replaced) it adds ``loss_clean`` and ``error_clean``
+    against the original labels and ``error_noisy_subset``: the error on the flipped images against the
+    labels trained on (NaN when none is flipped).
+    """
     was_training = model.training
     model.eval()
-    loss_sum = torch.zeros((), device=loader.device, dtype=torch.float64)
-    wrong = torch.zeros((), device=loader.device, dtype=torch.int64)
-    probs, labels = [], []
+    dev = loader.device
+    loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
+    wrong = torch.zeros((), device=dev, dtype=torch.int64)
+    clean = torch.zeros(3, device=dev, dtype=torch.float64)  # clean loss sum, clean wrong, wrong on flipped
+    probs, labels, start = [], [], 0
     for xb, yb in loader:
         with autocast or contextlib.nullcontext():
             logits = model(xb)
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
-        wrong += (logits.argmax(1) != yb).sum()
+        miss = logits.argmax(1) != yb
+        wrong += miss.sum()
+        if clean_labels is not None:
+            yc = clean_labels[start:start + len(yb)].to(dev)
+            clean += torch.stack([F.cross_entropy(logits, yc, reduction="sum").double(),
+                                  (logits.argmax(1) != yc).sum().double(),
+                                  (miss & flipped[start:start + len(yb)].to(dev)).sum().double()])
+        start += len(yb)
         if num_classes == 2:
             probs.append(logits.softmax(1)[:, 1])
             labels.append(yb)
     model.train(was_training)
     n = max(loader.n, 1)
     out = {"loss": loss_sum.item() / n, "error": wrong.item() / n}  # one sync per split
+    out["acc"] = 1.0 - out["error"]
+    if clean_labels is not None:
+        c, n_flipped = clean.tolist(), int(flipped.sum())
+        out.update(loss_clean=c[0] / n, error_clean=c[1] / n,
+                   error_noisy_subset=c[2] / n_flipped if n_flipped else float("nan"))
     if num_classes == 2 and probs:
         out.update(binary_metrics(torch.cat(probs).cpu().numpy(), torch.cat(labels).cpu().numpy()))
     return out

@@ -1,8 +1,9 @@
 """The run directory: the contract between training and analysis (schema in the README).
 
-``metrics.jsonl`` gets one JSON object per evaluation, ``summary.json`` is written once at the end
-(atomically, so a file that exists is complete), ``checkpoint.pt`` holds the last model and
-optimizer state (atomically too).
+``metrics.jsonl`` gets one JSON object per evaluation, appended and flushed line by line;
+``summary.json`` is written at the end (atomically, so a file that exists is complete);
+checkpoints are written by ``src.checkpoint`` (atomically too). Nothing here deletes a run's files:
+a resumed run cuts ``metrics.jsonl`` back to the rows its checkpoint had seen.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from src.checkpoint import save_checkpoint
 
 
 def _clean(value: Any) -> Any:
@@ -30,22 +33,47 @@ def atomic_write_bytes(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def writable_run_dir(run_dir: str | os.PathLike) -> Path:
+    """Create ``run_dir`` if needed and check that files can be written there."""
+    path = Path(run_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the run dir {path} ({e.strerror}): choose a writable hydra.run.dir "
+                         "(or hydra.sweep.dir for -m)") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"the run dir {path} is not writable: choose a writable hydra.run.dir "
+                         "(or hydra.sweep.dir for -m)")
+    return path
+
+
 class RunRecorder:
     def __init__(self, run_dir: str | os.PathLike):
-        self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", "checkpoint.pt"):  # a rerun into the same dir starts clean
-            (self.dir / stale).unlink(missing_ok=True)
+        self.dir = writable_run_dir(run_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.metrics_path.touch()  # exists (maybe empty) from the start of every run
+        self.rows = 0
+
+    def keep_rows(self, n: int) -> None:
+        """Cut ``metrics.jsonl`` back to its first ``n`` rows (those a resumed checkpoint had seen)."""
+        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        if len(lines) < n:
+            raise ValueError(f"{self.metrics_path} has {len(lines)} rows but its checkpoint saw {n}: the run dir "
+                             "was edited; use trainer.resume=never or a new run dir")
+        if len(lines) > n or any(not line.endswith("\n") for line in lines):
+            kept = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:n])
+            atomic_write_bytes(self.metrics_path, lambda p: p.write_text(kept))
+        self.rows = n
 
     def log(self, row: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+            f.flush()
+        self.rows += 1
 
     def summary(self, summary: dict[str, Any]) -> None:
         text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2)
         atomic_write_bytes(self.dir / "summary.json", lambda p: p.write_text(text + "\n"))
 
     def checkpoint(self, state: dict[str, Any]) -> None:
-        atomic_write_bytes(self.dir / "checkpoint.pt", lambda p: torch.save(state, p))
+        save_checkpoint(self.dir, state)

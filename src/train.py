@@ -24,16 +24,13 @@ def main(cfg: DictConfig) -> float:
         from src.trial import make_reporter
 
         reporter = make_reporter(cfg)
-    objective = train(cfg, run_dir, reporter)
-    if reporter is not None:
-        import json
-        from pathlib import Path
-
+    summary = train(cfg, run_dir, reporter)  # SIGTERM/SIGINT: raises RunInterrupted, a non-zero exit
+    if reporter is not None and summary["stop_reason"] == "pruned":
         import optuna
 
-        if json.loads((Path(run_dir) / "summary.json").read_text())["stop_reason"] == "pruned":
-            raise optuna.TrialPruned(f"pruned at the objective {objective}")
-    return objective
+        raise optuna.TrialPruned(f"pruned at epoch {summary['epochs']} with {summary['objective_name']} "
+                                 f"{summary['objective']}")
+    return summary["objective"]
 
 
 if __name__ == "__main__":

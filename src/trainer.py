@@ -1,51 +1,60 @@
-"""One flat training loop: data on the device, autocast, pure-function LR schedule, evaluation,
-stop rules, run records. ``train(cfg, run_dir)`` returns the sweep objective."""
+"""One flat training loop over a ``RunState``: steps with a pure-function LR schedule, evaluation, stop
+rules, checkpoints every ``trainer.checkpoint_every`` epochs, resume, and clean stops on SIGTERM/SIGINT.
+
+``train(cfg, run_dir)`` returns the run's summary dict (its ``objective`` is the sweep objective).
+"""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import hydra.utils
-from hydra.errors import InstantiationException
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from src.data import DataSplits, build_data
-from src.data.loader import Loader, fits_on_device
-from src.label_noise import apply_label_noise
+from src.checkpoint import check_resumable, move_aside, read_checkpoints
 from src.metrics import evaluate
-from src.optim import build_optimizer
-from src.records import RunRecorder
-from src.schedule import lr_at
-from src.validate import check_config, resolve_precision
+from src.records import writable_run_dir
+from src.run_state import (  # noqa: F401 - re-exported: the trainer's public set-up
+    RunState,
+    autocast_for,
+    build_model,
+    compile_model,
+    setup,
+    setup_device,
+    use_channels_last,
+)
+from src.stop_rules import StopRules
+from src.validate import check_config
 
+log = logging.getLogger(__name__)
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
+_setup_device = setup_device  # the name tests/test_speed_paths.py imports
+STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "max_wall": "stopped",
+          "pruned": "stopped", "interrupted": "stopped", "nonfinite_loss": "failed", "error": "failed"}
+SUMMARY_METRICS = ("train_loss", "train_error", "train_acc", "train_loss_clean", "train_error_clean",
+                   "train_error_noisy_subset", "val_loss", "val_error", "val_acc", "test_loss", "test_error",
+                   "test_acc")
+BINARY_SUFFIXES = ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")
 
 
-def build_model(model_cfg: Mapping[str, Any], data: DataSplits) -> tuple[torch.nn.Module, dict]:
-    """Instantiate the ``model`` group for this data; returns the model and its full kwargs."""
-    c, h, w = data.image_shape
-    if h != w:
-        raise ValueError(f"images are {h}x{w}: models expect square images, set dataset.image_size")
-    full = {**dict(model_cfg), "image_size": h, "in_channels": c, "num_classes": data.num_classes}
-    try:
-        return hydra.utils.instantiate(full), full
-    except InstantiationException as e:  # surface the constructor's own message (it names the key)
-        raise (e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else e) from None
+class RunInterrupted(SystemExit):
+    """SIGTERM or SIGINT stopped the run after a checkpoint and its ``interrupted`` summary were written.
+    A ``SystemExit`` with code 128 + signal number, so a job process exits non-zero; ``summary`` holds it."""
 
-
-def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+    def __init__(self, signum: int, summary: dict[str, Any]):
+        super().__init__(128 + signum)
+        self.signum, self.summary = signum, summary
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -65,196 +74,220 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     return loss.detach()
 
 
-def _setup_device(device: torch.device, t: Mapping[str, Any]) -> None:
-    if t.get("num_threads"):
-        torch.set_num_threads(int(t["num_threads"]))
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
+class StopSignal:
+    """SIGTERM/SIGINT handlers that ask the loop to stop after the current step (a second SIGINT raises
+    KeyboardInterrupt at once). Installed only in the main thread; elsewhere the default handlers stay."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("received %s: stopping after the current step", signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignal]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
 
 
-def use_channels_last(model: torch.nn.Module, device: torch.device, setting: bool | str = "auto") -> bool:
-    """``trainer.channels_last``: ``auto`` turns it on for convolutional models (no transformer blocks).
-    It pays on CPU too (oneDNN): measured 18-25% faster steps for cnn widths 4-8 and ~10% for resnet18."""
-    if setting == "auto":
-        return not hasattr(model, "blocks")
-    return bool(setting)
+def evaluation_row(state: RunState, epoch_images: int, epoch_time: float) -> dict[str, Any]:
+    """The per-evaluation row of ``metrics.jsonl`` (schema in the README's run-dir contract)."""
+    row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "lr": state.schedule(max(state.step - 1, 0))}
+    for split, loader in state.eval_loaders.items():
+        clean = state.train_eval_clean if split == "train" else (None, None)
+        for k, v in evaluate(state.step_model, loader, state.autocast, state.data.num_classes, *clean).items():
+            row[f"{split}_{k}"] = v
+    row["wall_s"] = state.wall_s()
+    row["images_per_s"] = epoch_images / max(epoch_time, 1e-9)
+    return row
 
 
-def compile_model(model: torch.nn.Module) -> torch.nn.Module:
-    """``torch.compile`` for one run. Dynamo's in-memory caches are reset first: runs of a sweep in one
-    process (Hydra's basic launcher) would otherwise hit its recompile limit after four runs and fall
-    back to eager silently. Kernels still come from inductor's on-disk FX graph cache when shapes match."""
-    torch._dynamo.reset()
-    return torch.compile(model)
+def metric(state: RunState, name: str) -> float:
+    return float(state.last_row[name] if name in state.last_row else state.best.get(name, math.nan))
 
 
-def _converged(history: list[tuple[int, float]], window: int | None, tol: float) -> bool:
-    """True when the train errors evaluated over the last ``window`` epochs span at most ``tol``."""
-    if not window or not history:
-        return False
-    epoch = history[-1][0]
-    recent = [(e, err) for e, err in history if e >= epoch - window]
-    if recent[0][0] != epoch - window:  # not enough history yet
-        return False
-    errs = [err for _, err in recent]
-    return max(errs) - min(errs) <= tol
+def train_epoch(state: RunState, stop: StopSignal, pbar) -> tuple[str | None, int]:
+    """Train until the epoch ends or a step-level rule fires; returns (stop reason or None, images)."""
+    t, images, batches = state.cfg["trainer"], 0, 0
+    if state.epoch_done:
+        state.epoch, state.epoch_done = state.epoch + 1, False
+    state.model.train()
+    loss_sum = torch.zeros((), device=state.device)
+    for xb, yb in state.train_loader:
+        for group in state.optimizer.param_groups:
+            group["lr"] = state.schedule(state.step)
+        loss_sum += train_step(state.step_model, state.optimizer, state.scaler, state.autocast, xb, yb,
+                               state.class_weights, t.get("label_smoothing", 0.0), t.get("grad_clip"))
+        state.step, images, batches = state.step + 1, images + len(yb), batches + 1
+        pbar.update()
+        if state.step % int(t.get("log_every", 50)) == 0:  # sync point: progress and NaN check
+            if not math.isfinite(loss_sum.item()):
+                return "nonfinite_loss", images
+            pbar.set_postfix(epoch=state.epoch, loss=f"{loss_sum.item() / batches:.3f}", refresh=False)
+        reason = state.rules.after_step(state.step, state.wall_s()) or ("interrupted" if stop.signum else None)
+        if reason:
+            return reason, images
+    state.epoch_done = True
+    return (None if math.isfinite(loss_sum.item()) else "nonfinite_loss"), images
 
 
-def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None) -> float:
-    """Train one model as configured and write its run directory. Returns the objective."""
-    cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    device = check_config(cfg)
-    t, seed = cfg["trainer"], int(cfg["seed"])
-    precision = resolve_precision(t["precision"], device)
-    _setup_device(device, t)
-    torch.manual_seed(seed)
+def record_evaluation(state: RunState, images: int, epoch_time: float, reporter: Reporter | None,
+                      pbar) -> str | None:
+    """Evaluate, append the row, update the best metrics; returns ``converged`` / ``pruned`` or None."""
+    row = evaluation_row(state, images, epoch_time)
+    state.recorder.log(row)
+    state.last_row = row
+    for k in ("test_error", "val_error"):
+        if k in row:
+            state.best[f"best_{k}"] = min(state.best.get(f"best_{k}", math.inf), row[k])
+    pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}", test_err=f"{row['test_error']:.3f}",
+                     img_s=f"{row['images_per_s']:.0f}")
+    reason = state.rules.after_eval(state.epoch, row["train_error"])
+    if reporter is not None and reporter(metric(state, state.objective_name), state.epoch):
+        reason = reason or "pruned"
+    return reason
 
-    data = build_data(cfg["dataset"], seed)
-    noise_gen = torch.Generator().manual_seed(seed + 1)
-    data.y_train, flipped = apply_label_noise(data.y_train, float(cfg["label_noise"]["p"]), data.num_classes, noise_gen)
-    model, model_cfg = build_model(cfg["model"], data)
-    channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
-    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    params = sum(p.numel() for p in model.parameters())
-    optimizer = build_optimizer(model, cfg["optimizer"], cfg["model"].get("width"), device)
-    step_model = compile_model(model) if t.get("compile") else model
 
-    n_train, bs = len(data.y_train), int(t["batch_size"])
-    bs = min(bs, n_train)
-    # Move the splits to the device once (the train and train-eval loaders share one copy), or stream them.
-    splits = [x for x in (data.x_train, data.x_val, data.x_test) if x is not None]
-    resident = fits_on_device(sum(x.numel() for x in splits), device)
-    if resident:
-        data.x_train, data.x_test = data.x_train.to(device), data.x_test.to(device)
-        data.x_val = data.x_val.to(device) if data.x_val is not None else None
-    common = dict(device=device, mean=data.mean, std=data.std, channels_last=channels_last, resident=resident)
-    train_loader = Loader(data.x_train, data.y_train, bs, augment=cfg["dataset"].get("augment", "none"),
-                          shuffle=True, drop_last=True, seed=seed, sample_weights=data.sample_weights, **common)
-    ebs = int(t["eval_batch_size"])
-    x_tr_eval, y_tr_eval = data.x_train, data.y_train
-    if t.get("train_eval_size") and t["train_eval_size"] < n_train:
-        keep = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed + 2))[: int(t["train_eval_size"])]
-        x_tr_eval, y_tr_eval = data.x_train[keep.to(data.x_train.device)], data.y_train[keep]
-    eval_loaders = {"train": Loader(x_tr_eval, y_tr_eval, ebs, **common)}
-    if data.x_val is not None:
-        eval_loaders["val"] = Loader(data.x_val, data.y_val, ebs, **common)
-    eval_loaders["test"] = Loader(data.x_test, data.y_test, ebs, **common)
+def run_loop(state: RunState, reporter: Reporter | None, stop: StopSignal, pbar) -> str:
+    """Epochs until a stop rule fires; checkpoints as configured. Returns the stop reason."""
+    t = state.cfg["trainer"]
+    every = int(t.get("checkpoint_every", 1)) if t.get("checkpoint", True) else 0
+    while True:
+        start = state.wall_s()
+        reason, images = train_epoch(state, stop, pbar)
+        if state.device.type == "cuda":
+            torch.cuda.synchronize(state.device)
+        epoch_time = state.wall_s() - start
+        state.train_time += epoch_time
+        if reason in ("nonfinite_loss", "interrupted"):
+            return reason
+        reason = reason or state.rules.after_epoch(state.epoch)
+        if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
+            later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar)
+            reason = reason or later
+        reason = reason or ("interrupted" if stop.signum else None)
+        if reason:
+            return reason
+        if every and state.epoch % every == 0:
+            state.recorder.checkpoint(state.state_dict())
 
-    steps_per_epoch = len(train_loader)
-    max_epochs, max_steps, max_wall = t.get("max_epochs"), t.get("max_steps"), t.get("max_wall_s")
-    total_steps = min(max_epochs * steps_per_epoch if max_epochs else math.inf, max_steps or math.inf)
-    warmup = int(cfg["scheduler"].get("warmup_epochs", 0) * steps_per_epoch)
-    base_lr = optimizer.param_groups[0]["base_lr"]
-    class_weights = data.class_weights.to(device) if data.class_weights is not None else None
-    autocast = autocast_for(device, precision)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    objective_name = t.get("objective", "auto")
-    if objective_name == "auto":
-        objective_name = "val_error" if "val" in eval_loaders else "test_error"
-    if objective_name.startswith("val_") and "val" not in eval_loaders:
-        raise ValueError(f"trainer.objective={objective_name} needs a validation split: set dataset.val_size > 0")
 
-    rec = RunRecorder(run_dir)
-    trial = cfg.get("trial") or {}
-    summary: dict[str, Any] = {
-        "status": "running", "stop_reason": None, "params": params, "device": str(device),
-        "precision": precision, "seed": seed, "model": cfg["model"]["_target_"].rsplit(".", 1)[-1],
-        "dataset": cfg["dataset"]["name"], "n_train": n_train, "noisy_label_fraction": flipped.float().mean().item(),
-        "objective_name": objective_name, **data.info,
-    }
-    if trial:
-        summary.update(study_name=trial.get("study_name"), trial_number=trial.get("number"))
+def summarise(state: RunState, reason: str, error: str | None = None) -> dict[str, Any]:
+    """The summary.json dict of a run that stopped for ``reason``."""
+    row = state.last_row
+    summary = {"status": STATUS[reason], "stop_reason": reason, **state.info, "epochs": state.epoch,
+               "steps": state.step, "wall_s": state.wall_s(),
+               "train_images_per_s": state.step * state.train_loader.batch_size / max(state.train_time, 1e-9)}
+    summary.update({k: row[k] for k in SUMMARY_METRICS if k in row})
+    summary.update({k: v for k, v in row.items() if k.split("_", 1)[-1] in BINARY_SUFFIXES})
+    summary.update(state.best)
+    summary["objective"] = metric(state, state.objective_name) if reason != "nonfinite_loss" else math.nan
+    if error:
+        summary["error"] = error
+    return summary
 
-    step, epoch, last, best = 0, 0, {}, {}
-    history: list[tuple[int, float]] = []
-    train_time = 0.0
-    start = time.perf_counter()
-    pbar = tqdm(total=int(total_steps), desc=f"{summary['model']} {summary['dataset']}", unit="step",
+
+def finish(state: RunState, reason: str) -> dict[str, Any]:
+    """Write the final checkpoint (a run that can continue) and summary.json; returns the summary."""
+    if state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
+        state.recorder.checkpoint(state.state_dict())
+    summary = summarise(state, reason)
+    state.recorder.summary(summary)
+    return summary
+
+
+def _plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
+    """The summary of a run in ``run_dir`` that has ended and would not continue under ``rules``."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    done = rules.still_stops(s.get("stop_reason"), s.get("epochs") or 0, s.get("steps") or 0, s.get("wall_s") or 0)
+    return s if done else None
+
+
+def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[list[tuple[Path, dict]], dict | None]:
+    """(checkpoints to try, newest first; the summary of a finished run or None). Fails before any work
+    when the newest readable checkpoint comes from a different config; moves unusable files aside."""
+    if cfg["trainer"].get("resume", "auto") == "never":
+        move_aside(run_dir)
+        return [], None
+    found = read_checkpoints(run_dir)
+    if not found:
+        move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
+        return [], None
+    check_resumable(found[0][0], found[0][1]["config"], cfg)
+    return found, finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
+
+
+def resume(cfg: dict[str, Any], run_dir: Path, found: list[tuple[Path, dict]]) -> RunState:
+    """A fresh ``setup`` continued from the first checkpoint that loads (or a fresh start, with a warning)."""
+    state = setup(cfg, run_dir)
+    for path, ckpt in found:
+        try:
+            state.load_state_dict(ckpt)
+            stale = run_dir / "summary.json"  # the previous start's (interrupted) summary, superseded by this run
+            if stale.exists():
+                stale.replace(run_dir / "summary.previous.json")
+            log.info("resuming %s from %s (epoch %d, step %d)", run_dir, path.name, state.epoch, state.step)
+            return state
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            log.warning("checkpoint %s does not fit this run (%s: %s): trying the previous one", path,
+                        type(e).__name__, str(e).splitlines()[0])
+            state = setup(cfg, run_dir)
+    if found:
+        log.warning("no checkpoint in %s fits this run: starting afresh", run_dir)
+        move_aside(run_dir)
+        state = setup(cfg, run_dir)
+    return state
+
+
+def _progress(state: RunState):
+    t = state.cfg["trainer"]
+    total = state.schedule.total_steps
+    return tqdm(total=int(total) if math.isfinite(total) else None, initial=state.step,
+                desc=f"{state.info['model']} {state.info['dataset']}", unit="step",
                 disable=not t.get("progress", True), dynamic_ncols=True, leave=False,
                 mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs and CI get a line every 30 s
-    try:
-        while summary["stop_reason"] is None:
-            epoch += 1
-            model.train()
-            ep_start, images = time.perf_counter(), 0
-            loss_sum = torch.zeros((), device=device)
-            for xb, yb in train_loader:
-                lr = lr_at(step, base_lr, int(total_steps), warmup, cfg["scheduler"]["name"],
-                           cfg["scheduler"].get("min_lr_ratio", 0.0))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum += train_step(step_model, optimizer, scaler, autocast, xb, yb, class_weights,
-                                       t.get("label_smoothing", 0.0), t.get("grad_clip"))
-                step, images = step + 1, images + len(yb)
-                pbar.update()
-                if step % int(t.get("log_every", 50)) == 0:  # sync point: progress and NaN check
-                    mean_loss = loss_sum.item() / (step - (epoch - 1) * steps_per_epoch)
-                    if not math.isfinite(mean_loss):
-                        summary["stop_reason"] = "nonfinite_loss"
-                        break
-                    pbar.set_postfix(epoch=epoch, loss=f"{mean_loss:.3f}", refresh=False)
-                if max_steps and step >= max_steps:
-                    summary["stop_reason"] = "max_steps"
-                    break
-                if max_wall and time.perf_counter() - start >= max_wall:
-                    summary["stop_reason"] = "max_wall"
-                    break
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            ep_time = time.perf_counter() - ep_start
-            train_time += ep_time
-            if summary["stop_reason"] is None and not math.isfinite(loss_sum.item()):
-                summary["stop_reason"] = "nonfinite_loss"
-            if summary["stop_reason"] == "nonfinite_loss":
-                break
-            if max_epochs and epoch >= max_epochs and summary["stop_reason"] is None:
-                summary["stop_reason"] = "max_epochs"
-            if epoch % int(t.get("eval_every", 1)) and summary["stop_reason"] is None:
-                continue
-            row = {"epoch": epoch, "step": step, "lr": lr}
-            for split, loader in eval_loaders.items():
-                for k, v in evaluate(step_model, loader, autocast, data.num_classes).items():
-                    row[f"{split}_{k}"] = v
-            row["wall_s"] = time.perf_counter() - start
-            row["images_per_s"] = images / max(ep_time, 1e-9)
-            rec.log(row)
-            last = row
-            for k in ("test_error", "val_error"):
-                if k in row:
-                    best[f"best_{k}"] = min(best.get(f"best_{k}", math.inf), row[k])
-            history.append((epoch, row["train_error"]))
-            pbar.set_postfix(epoch=epoch, train_err=f"{row['train_error']:.3f}", test_err=f"{row['test_error']:.3f}",
-                             img_s=f"{row['images_per_s']:.0f}")
-            if summary["stop_reason"] is None and _converged(history, t.get("converge_epochs"), float(t.get("converge_tol", 0.0))):
-                summary["stop_reason"] = "converged"
-            if reporter is not None and reporter(float(row[objective_name]), epoch) and summary["stop_reason"] is None:
-                summary["stop_reason"] = "pruned"
-    except BaseException as e:
-        summary.update(status="failed", stop_reason="error", error=f"{type(e).__name__}: {e}")
-        if isinstance(e, KeyboardInterrupt):
-            summary.update(status="stopped", stop_reason="interrupted")
-        raise
-    finally:
-        pbar.close()
-        wall = time.perf_counter() - start
-        reason = summary["stop_reason"]
-        if summary["status"] == "running":
-            summary["status"] = {"nonfinite_loss": "failed", "max_wall": "stopped", "pruned": "stopped"}.get(reason, "completed")
-        summary.update(epochs=epoch, steps=step, wall_s=wall, train_images_per_s=step * bs / max(train_time, 1e-9))
-        for k in ("train_loss", "train_error", "val_loss", "val_error", "test_loss", "test_error"):
-            if k in last:
-                summary[k] = last[k]
-        summary.update({k: v for k, v in last.items() if k.split("_", 1)[-1] in ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")})
-        for split in ("val", "test"):
-            if f"{split}_error" in last:
-                summary[f"{split}_acc"] = 1.0 - last[f"{split}_error"]
-        summary.update(best)
-        summary["objective"] = float(summary.get(objective_name, math.nan)) if reason != "nonfinite_loss" else math.nan
-        if t.get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
-            rec.checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_cfg": model_cfg,
-                            "data": {"mean": data.mean, "std": data.std, "image_shape": data.image_shape,
-                                     "num_classes": data.num_classes}, "epoch": epoch, "step": step})
-        rec.summary(summary)
-    return summary["objective"]
+
+
+def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None) -> dict:
+    """Train one model as configured (or continue it from its run dir) and write its run directory.
+    Returns the summary dict; raises ``RunInterrupted`` (a SystemExit) after SIGTERM/SIGINT."""
+    cfg = _plain(cfg)
+    check_config(cfg)
+    run_dir = writable_run_dir(run_dir)
+    found, done = prepare_resume(cfg, run_dir)
+    if done is not None:
+        print(f"{run_dir} holds a finished run ({done['stop_reason']}): not retraining\n"
+              + json.dumps(done, indent=2), flush=True)
+        return done
+    state = resume(cfg, run_dir, found)
+    stop = StopSignal()
+    state.started = time.perf_counter()
+    with stop.installed(), _progress(state) as pbar:
+        try:
+            reason = run_loop(state, reporter, stop, pbar)
+        except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
+            reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+            state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
+                                             f"{type(e).__name__}: {e}"))
+            raise
+    summary = finish(state, reason)
+    if reason == "interrupted" and stop.signum is not None:
+        raise RunInterrupted(stop.signum, summary)
+    return summary

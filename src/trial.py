@@ -5,14 +5,14 @@ The vitsweep sweeper passes each job `trial.study_name`, `trial.number` and `tri
 """
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from omegaconf import DictConfig
 
 Reporter = Callable[[float, int], bool]
 
 
-def make_reporter(cfg: DictConfig) -> Optional[Reporter]:
+def make_reporter(cfg: DictConfig) -> Reporter | None:
     """None outside a sweep (or in a multi-objective one); else a function that records the objective as the trial's
     intermediate value at `epoch` and returns whether the study's pruner stops the trial."""
     node = cfg.get("trial")

@@ -1,6 +1,7 @@
 """Checks that need no data: each names the config key and the fix, and runs before any work."""
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,38 @@ from src.data.augment import AUGMENTS
 from src.schedule import SCHEDULERS
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+RESUME = ("auto", "never")
+SPLIT_METRICS = ("loss", "error", "acc")
+BINARY_METRICS = ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")  # two-class datasets only
+CLEAN_METRICS = ("train_loss_clean", "train_error_clean", "train_error_noisy_subset")
+MAXIMISED = ("acc", *BINARY_METRICS)  # an objective ending in one of these is maximised, any other minimised
+
+
+def objective_metrics(splits: tuple[str, ...] = ("train", "val", "test"), binary: bool = True) -> list[str]:
+    """Every metric a run with these evaluation splits records per evaluation and in its summary."""
+    names = [f"{s}_{m}" for s in splits for m in (*SPLIT_METRICS, *(BINARY_METRICS if binary else ()))]
+    return names + list(CLEAN_METRICS) + [f"best_{s}_error" for s in splits if s != "train"]
+
+
+def objective_direction(name: str) -> str:
+    """``maximize`` for accuracies and the binary-task scores, ``minimize`` for errors and losses."""
+    return "maximize" if name.endswith(MAXIMISED) else "minimize"
+
+
+def resolve_objective(name: str, splits: tuple[str, ...], binary: bool) -> str:
+    """``trainer.objective`` checked against the metrics this run will produce (``auto``: val_error with a
+    validation split, else test_error)."""
+    if name == "auto":
+        return "val_error" if "val" in splits else "test_error"
+    known = objective_metrics(splits, binary)
+    if name in known:
+        return name
+    if name.startswith(("val_", "best_val_")) and name in objective_metrics((*splits, "val"), binary):
+        raise ValueError(f"trainer.objective={name} needs a validation split: set dataset.val_size > 0")
+    close = difflib.get_close_matches(name, objective_metrics(("train", "val", "test"), True), n=4, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ValueError(f"trainer.objective={name!r} is not a metric this run records: {hint}choose auto or one of "
+                     f"{known}")
 
 
 def select_device(name: str) -> torch.device:
@@ -53,13 +86,34 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
         raise ValueError(f"scheduler.name={cfg['scheduler']['name']!r} is unknown: choose one of {list(SCHEDULERS)}")
     if t["precision"] not in PRECISIONS:
         raise ValueError(f"trainer.precision={t['precision']!r} is unknown: choose one of {list(PRECISIONS)}")
-    if not t.get("max_epochs") and not t.get("max_steps"):
-        raise ValueError("set trainer.max_epochs or trainer.max_steps: the learning-rate schedule needs a finite length")
-    for key in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "batch_size", "eval_every", "eval_batch_size"):
+    _check_trainer_keys(t, cfg["scheduler"]["name"])
+    for key in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "batch_size", "eval_every",
+                "eval_batch_size"):
         v = t.get(key)
         if v is not None and (not isinstance(v, (int, float)) or v <= 0):
             raise ValueError(f"trainer.{key}={v} must be a positive number (or null where allowed)")
+    objective = str(t.get("objective", "auto"))
+    if objective != "auto":
+        resolve_objective(objective, ("train", "val", "test"), True)  # the name; the splits are checked in setup
     device = select_device(str(t["device"]))
     if t["precision"] == "fp16" and device.type != "cuda":
-        raise ValueError("trainer.precision=fp16 needs CUDA (it uses a gradient scaler): use trainer.precision=bf16 on CPU")
+        raise ValueError("trainer.precision=fp16 needs CUDA (it uses a gradient scaler): "
+                         "use trainer.precision=bf16 on CPU")
     return device
+
+
+def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
+    if not t.get("max_epochs") and not t.get("max_steps"):
+        if not t.get("max_wall_s"):
+            raise ValueError("set trainer.max_epochs, trainer.max_steps or trainer.max_wall_s: a run needs a stop rule")
+        if scheduler != "constant":
+            raise ValueError(f"scheduler={scheduler} needs a run length in epochs or steps: with trainer.max_wall_s "
+                             "alone use scheduler=constant, or set trainer.max_epochs / trainer.max_steps")
+    log_every = t.get("log_every", 50)
+    if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+        raise ValueError(f"trainer.log_every={log_every} must be an integer >= 1 (steps between loss checks)")
+    every = t.get("checkpoint_every", 1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"trainer.checkpoint_every={every} must be an integer >= 0 (epochs; 0 = only at the end)")
+    if t.get("resume", "auto") not in RESUME:
+        raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")

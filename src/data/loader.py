@@ -52,6 +52,9 @@ class Loader:
         self.weights = sample_weights.to(device) if sample_weights is not None else None
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
+        self._epoch_start: torch.Tensor | None = None  # generator state when the current pass began
+        self._batch = 0  # batches handed out in the current pass
+        self._skip = 0  # batches to redraw silently at the start of the next pass (a mid-epoch resume)
 
     def __len__(self) -> int:
         return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
@@ -74,14 +77,32 @@ class Loader:
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         return batch, self.y[host_idx.to(self.device)]
 
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """Where the batch stream stands: the generator state at the start of the current pass and the
+        batches handed out since (``batch`` 0 between passes). Restoring it redraws the pass's order and
+        augmentations exactly and resumes after ``batch`` batches."""
+        if self._epoch_start is None:
+            return {"gen": self.gen.get_state(), "batch": 0}
+        return {"gen": self._epoch_start, "batch": self._batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["gen"])
+        self._skip, self._epoch_start, self._batch = int(state["batch"]), None, 0
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip, self._skip = self._skip, 0
+        self._epoch_start, self._batch = self.gen.get_state(), 0
         order = self._order()
         for i in range(len(self)):
             xb, yb = self._gather(order[i * self.batch_size:(i + 1) * self.batch_size])
             xb = xb.float()
             if self.augment != "none":  # on raw pixel values, so padding and shifts fill with black (0)
                 xb = augment_batch(xb, self.augment, self.gen)
+            self._batch = i + 1
+            if i < skip:  # drawn again only to advance the generator as the interrupted pass did
+                continue
             xb = (xb - self.mean) * self.inv_std
             if self.channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             yield xb, yb
+        self._epoch_start = None

@@ -1,0 +1,120 @@
+"""Checkpoint files of a run dir: atomic writes that keep the previous one, tolerant reads, config checks.
+
+``checkpoint.pt`` is the newest state and ``checkpoint.prev.pt`` the one before. A write goes to a
+temporary file, is fsynced and renamed over, so a kill at any moment leaves at least one complete file.
+Files are read with ``torch.load(weights_only=True)``: they hold tensors, dicts, lists, numbers and
+strings only.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint.prev.pt"
+REQUIRED = ("model", "optimizer", "config", "epoch", "step", "rng", "loader", "rules")
+RECORD_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, PREVIOUS)
+# Keys that may differ between a checkpoint's config and a resumed start: stop limits (raise them to
+# train longer) and keys that change how a run is executed or reported, not what it computes.
+RUNTIME_KEYS = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_wall_s", "trainer.num_threads",
+                "trainer.progress", "trainer.log_every", "trainer.resume", "trainer.checkpoint",
+                "trainer.checkpoint_every", "trial", "hydra")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> Path:
+    """Write ``state`` as the newest checkpoint; the one it replaces becomes ``checkpoint.prev.pt``."""
+    run_dir = Path(run_dir)
+    path, tmp = run_dir / CHECKPOINT, run_dir / (CHECKPOINT + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(dict(state), f)
+        f.flush()
+        os.fsync(f.fileno())
+    if path.exists():
+        os.replace(path, run_dir / PREVIOUS)
+    os.replace(tmp, path)
+    _fsync_dir(run_dir)
+    return path
+
+
+def read_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict]]:
+    """The readable checkpoints of ``run_dir``, newest first. An unreadable one (truncated, not a
+    checkpoint, missing keys) is skipped with a warning naming the file."""
+    found = []
+    for name in (CHECKPOINT, PREVIOUS):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
+            if missing:
+                raise KeyError(f"no {missing} (not a resumable vitsweep checkpoint)")
+        except Exception as e:  # any unreadable file is skipped: never a crash loop
+            log.warning("checkpoint %s is unreadable (%s: %s): skipping it", path, type(e).__name__, e)
+            continue
+        found.append((path, ckpt))
+    return found
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def _runtime(key: str) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in RUNTIME_KEYS)
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: saved -> current`` for every non-runtime key that differs between two composed configs."""
+    a, b = _flatten(saved), _flatten(current)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+            for k in sorted(a.keys() | b.keys()) if not _runtime(k) and a.get(k) != b.get(k)]
+
+
+def check_resumable(path: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    diff = config_differences(saved, current)
+    if diff:
+        raise ValueError(
+            f"{path} was written by a run with a different config, so this start cannot resume it:\n  "
+            + "\n  ".join(diff) + "\nfix: use a new run dir (hydra.run.dir=...), or trainer.resume=never to move "
+            "the old run's files aside and start over (only stop limits, threads and progress may change)")
+
+
+def move_aside(run_dir: str | Path) -> Path | None:
+    """Move the run-record files of ``run_dir`` into ``previous-<timestamp>/`` (never deleted)."""
+    run_dir = Path(run_dir)
+    present = [run_dir / n for n in RECORD_FILES if (run_dir / n).exists()]
+    if not present:
+        return None
+    dest = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while dest.exists():
+        dest, n = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
+    dest.mkdir()
+    for p in present:
+        os.replace(p, dest / p.name)
+    log.warning("moved the earlier run's files in %s to %s", run_dir, dest)
+    return dest

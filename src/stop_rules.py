@@ -1,0 +1,92 @@
+"""When a run stops: step, epoch and wall-time limits and convergence of the train error, in one small object.
+
+The trainer asks after every step, after every epoch and after every evaluation; each question returns
+a stop reason (``max_steps``, ``max_wall``, ``max_epochs``, ``converged``) or None. Pruning, a
+non-finite loss and interruption are the trainer's own reasons. The convergence history is part of the
+run's checkpoint (``state_dict``), so a resumed run converges exactly when an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # may be raised on resume to train longer
+FINAL_REASONS = ("converged", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
+
+
+@dataclass
+class StopRules:
+    """Stop rules of one run (``trainer.max_epochs, max_steps, max_wall_s, converge_epochs, converge_tol,
+    eval_every``; None = off).
+
+    Convergence: at an evaluation at epoch E, take the evaluations from the last one at or before epoch
+    E - converge_epochs through E; the run has converged when there is such an opening evaluation and
+    their train errors span at most ``converge_tol``. So the error is seen unchanged over at least
+    ``converge_epochs`` epochs whatever ``eval_every`` is, which needs at least
+    ceil(converge_epochs / eval_every) + 1 evaluations: with eval_every=1 the earliest stop is at epoch
+    converge_epochs + 1, with (eval_every, converge_epochs) = (2, 3) at epoch 6, (5, 12) at epoch 20.
+    """
+
+    max_epochs: int | None = None
+    max_steps: int | None = None
+    max_wall_s: float | None = None
+    converge_epochs: int | None = None
+    converge_tol: float = 0.0
+    eval_every: int = 1
+    history: list[tuple[int, float]] = field(default_factory=list)  # (epoch, train error) per evaluation
+
+    @classmethod
+    def from_config(cls, t: Mapping[str, Any]) -> StopRules:
+        return cls(max_epochs=t.get("max_epochs"), max_steps=t.get("max_steps"), max_wall_s=t.get("max_wall_s"),
+                   converge_epochs=t.get("converge_epochs"), converge_tol=float(t.get("converge_tol") or 0.0),
+                   eval_every=int(t.get("eval_every") or 1))
+
+    def after_step(self, step: int, wall_s: float) -> str | None:
+        if self.max_steps and step >= self.max_steps:
+            return "max_steps"
+        if self.max_wall_s and wall_s >= self.max_wall_s:
+            return "max_wall"
+        return None
+
+    def after_epoch(self, epoch: int) -> str | None:
+        return "max_epochs" if self.max_epochs and epoch >= self.max_epochs else None
+
+    def should_evaluate(self, epoch: int, stopping: bool) -> bool:
+        """Every ``eval_every`` epochs, and always at the last one."""
+        return stopping or epoch % self.eval_every == 0
+
+    def after_eval(self, epoch: int, train_error: float) -> str | None:
+        self.history.append((epoch, float(train_error)))
+        return "converged" if self.converged() else None
+
+    def converged(self) -> bool:
+        if not self.converge_epochs or not self.history:
+            return False
+        start = self.history[-1][0] - self.converge_epochs
+        opening = [i for i, (e, _) in enumerate(self.history) if e <= start]
+        if not opening:  # not yet evaluated converge_epochs epochs ago
+            return False
+        errs = [err for _, err in self.history[opening[-1]:]]
+        return max(errs) - min(errs) <= self.converge_tol
+
+    def still_stops(self, reason: str | None, epochs: int, steps: int, wall_s: float) -> bool:
+        """Whether a run that ended for ``reason`` after ``epochs, steps, wall_s`` is finished under these
+        limits (False when a limit was raised, so the run may continue)."""
+        if reason in FINAL_REASONS:
+            return True
+        limit = {"max_epochs": (self.max_epochs, epochs), "max_steps": (self.max_steps, steps),
+                 "max_wall": (self.max_wall_s, wall_s)}.get(reason or "")
+        return limit is not None and bool(limit[0]) and limit[1] >= limit[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [[e, err] for e, err in self.history]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history = [(int(e), float(err)) for e, err in state["history"]]
+
+
+def steps_in_run(max_epochs: int | None, max_steps: int | None, steps_per_epoch: int) -> float:
+    """The schedule's length in steps: the smaller of the epoch and step limits (inf with neither)."""
+    return min(max_epochs * steps_per_epoch if max_epochs else math.inf, max_steps or math.inf)
