@@ -69,7 +69,8 @@ class Attention(nn.Module):
     """Multi-head self-attention: one fused QKV projection and ``F.scaled_dot_product_attention``.
 
     ``forward(x, return_attn=True)`` takes an explicit softmax(QK^T/sqrt(d)) path that also returns
-    the attention weights (for attention maps); both paths compute the same output. The memory-lean
+    the attention weights (for attention maps), also taken under ``torch.func`` transforms (stacked
+    members), where SDPA has no batching rule; both paths compute the same output. The memory-lean
     CPU training path (``src.models.lean``) reuses :meth:`split_heads` and :meth:`merge_heads`.
     """
 
@@ -95,9 +96,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = self.split_heads(self.qkv(x))  # each (B, heads, T, head_dim)
-        if return_attn:
+        if return_attn or torch._C._functorch.is_functorch_wrapped_tensor(q):  # SDPA has no vmap batching rule
             attn = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).float().softmax(dim=-1)  # (B, heads, T, T)
-            return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn
+            return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn if return_attn else None
         p = self.attn_dropout if self.training else 0.0
         return self.merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p)), None
 
