@@ -2,16 +2,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_launcher.launcher import VectorizedLauncher
-from tests.conftest import TINY
-from tests.test_cli import run_cli
+from tests.conftest import ROOT, TINY
 from tests.test_sweeper import APP, load, run
 
 LAUNCH = ["hydra/launcher=vectorized", "hydra.launcher.n_procs=2"]
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m src.train ...` from the repo root."""
+    return subprocess.run([sys.executable, "-m", "src.train", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def app(tmp_path, *overrides, check=True):

@@ -122,8 +122,10 @@ def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: 
     return plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
 
 
-def _task_cfg(cfg: DictConfig) -> DictConfig:
-    out = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+def _task_cfg(cfg: DictConfig) -> dict:
+    """The job's config without the hydra node, unresolved (grouping compares the keys as written)."""
+    out = OmegaConf.to_container(cfg, resolve=False)
+    out.pop("hydra", None)
     return out
 
 
@@ -155,9 +157,10 @@ def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, in
     if len(configs) == 1:
         rets = [_run_job(configs[0], _WORKER["task_function"])]
     else:
-        from src.stacked import run_stacked_jobs
+        from .members import run_member_jobs
 
-        rets = run_stacked_jobs(configs, _WORKER["hydra_context"])
+        print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
+        rets = run_member_jobs(configs, _WORKER["hydra_context"])
     seconds = time.perf_counter() - start
     out = []
     for cfg, ret in zip(configs, rets, strict=True):
