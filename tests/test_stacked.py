@@ -74,7 +74,8 @@ def test_a_diverging_member_stops_alone_and_the_others_finish_as_single_runs(tmp
     """lr=1e30 makes one member's loss non-finite: it ends `nonfinite_loss`, the others' summaries
     and metrics rows equal those of their single runs."""
     extra = ["trainer.max_epochs=3", "trainer.log_every=1", "trainer.checkpoint=true"]
-    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0"], ["seed=1", "optimizer.lr=1e30"], ["seed=2", "label_noise=p20"])]
+    members = (["seed=0"], ["seed=1", "optimizer.lr=1e30"], ["seed=2", "label_noise=p20"])
+    cfgs = [plain(*CNN, *extra, *m) for m in members]
     results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
     assert results[1]["stop_reason"] == "nonfinite_loss" and results[1]["status"] == "failed"
     for k in (0, 2):

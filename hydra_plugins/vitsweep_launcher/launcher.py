@@ -28,6 +28,7 @@ class VectorizedLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
+        self.pool: tuple | None = None  # (key, workers, ProcessPoolExecutor), kept across batches
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -37,4 +38,10 @@ class VectorizedLauncher(Launcher):
         from .pool import launch
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return launch(self, job_overrides, initial_job_idx)
+        try:
+            return launch(self, job_overrides, initial_job_idx)
+        except BaseException:
+            if self.pool is not None:  # a broken or interrupted pool is not reused
+                self.pool[2].shutdown(cancel_futures=True)
+                self.pool = None
+            raise

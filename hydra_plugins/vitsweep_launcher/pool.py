@@ -51,29 +51,50 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
              + f"; worker logs in {log_dir}")
     for cfg, overrides in zip(configs, job_overrides, strict=True):
         log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
-    payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
-    return _run_pool(units, configs, n_procs, (payload, threads, gpus, str(log_dir)), initial_job_idx)
+    pool = _pool(launcher, n_procs, threads, gpus, str(log_dir))
+    results, broken = _run_pool(pool, units, configs, initial_job_idx)
+    if broken:  # a worker died: the next batch gets a fresh pool
+        pool.shutdown()
+        launcher.pool = None
+    return results
 
 
-def _run_pool(units: list[list[int]], configs: list[DictConfig], n_procs: int, init: tuple,
-              first: int) -> list[JobReturn]:
+def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
+    """The launcher's worker pool, kept across batches (a sweeper launching trial after trial pays the
+    workers' start-up once) unless it has fewer workers than this batch needs."""
+    key = (threads, tuple(gpus), log_dir)
+    old = getattr(launcher, "pool", None)
+    if old is not None and old[0] == key and old[1] >= n_procs:
+        return old[2]
+    if old is not None:
+        old[2].shutdown()
     ctx = mp.get_context("spawn")
     slots = ctx.Queue()
     for k in range(n_procs):
         slots.put(k)
+    payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
+    pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
+                               initargs=(slots, payload, threads, gpus, log_dir))
+    launcher.pool = (key, n_procs, pool)
+    return pool
+
+
+def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[DictConfig],
+              first: int) -> tuple[list[JobReturn], bool]:
     results: dict[int, JobReturn] = {}
-    with ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker, initargs=(slots, *init)) as pool:
-        futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
-        for fut in as_completed(futures):
-            try:
-                done = fut.result()
-            except BrokenProcessPool as e:  # a worker died (killed, out of memory): its jobs fail
-                done = [(configs[i].hydra.job.num, _failed(RuntimeError(f"worker process died: {e}")), 0.0, -1)
-                        for i in futures[fut]]
-            for idx, ret, seconds, slot in done:
-                results[idx] = ret
-                _log_finished(ret, idx, seconds, slot, len(results), len(configs))
-    return [results[first + i] for i in range(len(configs))]
+    broken = False
+    futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
+    for fut in as_completed(futures):
+        try:
+            done = fut.result()
+        except BrokenProcessPool as e:  # a worker died (killed, out of memory): its jobs fail
+            broken = True
+            done = [(configs[i].hydra.job.num, _failed(RuntimeError(f"worker process died: {e}")), 0.0, -1)
+                    for i in futures[fut]]
+        for idx, ret, seconds, slot in done:
+            results[idx] = ret
+            _log_finished(ret, idx, seconds, slot, len(results), len(configs))
+    return [results[first + i] for i in range(len(configs))], broken
 
 
 def _log_finished(ret: JobReturn, idx: int, seconds: float, slot: int, n_done: int, n_all: int) -> None:
