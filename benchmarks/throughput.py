@@ -41,10 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from src.data import DataSplits, build_data  # noqa: E402
-from src.data.loader import Loader  # noqa: E402
-from src.optim import build_optimizer  # noqa: E402
+from src.run_state import build_model, setup, setup_device  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
-from src.trainer import _setup_device, autocast_for, build_model, train_step, use_channels_last  # noqa: E402
+from src.trainer import train_step  # noqa: E402
 from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
 VIT_KEYS = ("patch", "dim", "depth", "heads", "mlp_dim")
@@ -214,23 +213,17 @@ def compose(args, n_train: int | None = None) -> dict:
 
 
 class VitsweepPath:
-    """vitsweep's trainer path for one config: model, optimizer, Loader and ``train_step``."""
+    """vitsweep's trainer path for one config, built by the trainer's own set-up (``src.run_state.setup``):
+    model, optimizer, Loader and ``train_step``."""
 
-    def __init__(self, cfg: dict, data: DataSplits, device: torch.device, precision: str, compile_model: bool):
-        t = cfg["trainer"]
-        self.device, self.precision = device, precision
-        torch.manual_seed(cfg["seed"])
-        model, _ = build_model(cfg["model"], data)
-        self.channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
-        self.model = model.to(device, memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
-        self.optimizer = build_optimizer(self.model, cfg["optimizer"], cfg["model"].get("width"), device)
-        self.step_model = torch.compile(self.model) if compile_model else self.model
-        self.autocast = autocast_for(device, precision)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.loader = Loader(data.x_train, data.y_train, int(t["batch_size"]), device=device, mean=data.mean,
-                             std=data.std, augment=cfg["dataset"]["augment"], shuffle=True, drop_last=True,
-                             seed=cfg["seed"], channels_last=self.channels_last)
-        self.base_lr = self.optimizer.param_groups[0]["base_lr"]
+    def __init__(self, cfg: dict, precision: str, compile_model: bool):
+        cfg = {**cfg, "trainer": {**cfg["trainer"], "precision": precision, "compile": compile_model}}
+        state = setup(cfg, run_dir=None)
+        self.device, self.precision, self.data = state.device, precision, state.data
+        self.channels_last = state.train_loader.channels_last
+        self.model, self.step_model, self.optimizer = state.model, state.step_model, state.optimizer
+        self.autocast, self.scaler, self.loader = state.autocast, state.scaler, state.train_loader
+        self.base_lr = state.schedule.base_lr
 
     def batches(self):
         while True:
@@ -300,13 +293,13 @@ def header(args, device: torch.device) -> None:
         print(f"# CPU native bf16 (AVX512-BF16/AMX): {cpu_has_fast_bf16()}")
 
 
-def prepare(args) -> tuple[torch.device, dict, DataSplits]:
-    """Device, composed config and data for one benchmark mode; prints the header."""
+def prepare(args) -> tuple[torch.device, dict]:
+    """Device and composed config for one benchmark mode; prints the header."""
     device = select_device(args.device)
     cfg = compose(args)
-    _setup_device(device, cfg["trainer"])
+    setup_device(device, cfg["trainer"])
     header(args, device)
-    return device, cfg, build_data(cfg["dataset"], args.seed)
+    return device, cfg
 
 
 def compile_setting(args, device: torch.device) -> bool:
@@ -314,14 +307,13 @@ def compile_setting(args, device: torch.device) -> bool:
 
 
 def throughput(args) -> dict:
-    device, cfg, data = prepare(args)
+    device, cfg = prepare(args)
     precision = resolve_precision(args.precision, device)
     compile_model = compile_setting(args, device)
     m = cfg["model"]
     sizes = ", ".join(f"{k} {m[k]}" for k in m if k != "_target_")
     print(f"model {args.model} ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}) | batch {args.batch} | "
-          f"data {cfg['dataset']['name']} {len(data.y_train)} images {tuple(data.image_shape)} | "
-          f"augment {cfg['dataset']['augment']} | AdamW lr {args.lr}")
+          f"data {cfg['dataset']['name']} | augment {cfg['dataset']['augment']} | AdamW lr {args.lr}")
 
     peaks = {name: matmul_peak(device, dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     tf32 = " (TF32 allowed)" if device.type == "cuda" else ""
@@ -330,7 +322,8 @@ def throughput(args) -> dict:
 
     results = {}
     rss_before = peak_rss_mib()
-    ours = VitsweepPath(cfg, data, device, precision, compile_model)
+    ours = VitsweepPath(cfg, precision, compile_model)
+    print(f"data: {len(ours.data.y_train)} training images {tuple(ours.data.image_shape)}")
     xb, yb = next(iter(ours.loader))
     flops = flops_per_image(ours.model, xb, yb)
     if device.type == "cuda":
@@ -342,6 +335,7 @@ def throughput(args) -> dict:
                 f"{'on' if ours.channels_last else 'off'}, AdamW {'fused' if ours.optimizer.defaults.get('fused') else 'foreach' if ours.optimizer.defaults.get('foreach') else 'default'}")
     del ours
 
+    data = build_data(cfg["dataset"], args.seed)  # host copies for the tutorial's PIL dataset
     base = BaselinePath(cfg, data, device, args.workers)
     base_flops = flops_per_image(base.model, xb.contiguous(), yb)
     if device.type == "cuda":
@@ -375,10 +369,11 @@ def throughput(args) -> dict:
 
 def check(args) -> dict:
     """Same init, same batches: the bf16 loss curve against fp32 over ``--check-steps`` steps."""
-    device, cfg, data = prepare(args)
+    device, cfg = prepare(args)
     curves = {}
     for precision in ("fp32", "bf16"):
-        path = VitsweepPath(cfg, data, device, precision, compile_model=False)
+        path = VitsweepPath(cfg, precision, compile_model=False)
+        data = path.data
         it, losses, t0 = path.batches(), [], time.perf_counter()
         for i in range(args.check_steps):
             losses.append(path.step(*next(it), i, args.check_steps))
@@ -409,9 +404,8 @@ def scaling(args) -> dict:
     print("  n_train  epoch_s  images/s")
     for n in args.sizes:
         cfg = compose(args, n_train=n)
-        _setup_device(device, cfg["trainer"])
-        data = build_data(cfg["dataset"], args.seed)
-        path = VitsweepPath(cfg, data, device, precision, compile_model)
+        path = VitsweepPath(cfg, precision, compile_model)
+        data = path.data
         steps = len(path.loader)
         it = iter(path.loader)
         for i in range(min(3, steps)):

@@ -19,6 +19,7 @@ from typing import Any
 import hydra.utils
 import torch
 from hydra.errors import InstantiationException
+from omegaconf import DictConfig, OmegaConf
 
 from src.data import DataSplits, build_data
 from src.data.loader import Loader, fits_on_device
@@ -27,7 +28,7 @@ from src.optim import build_optimizer
 from src.records import RunRecorder
 from src.schedule import lr_at
 from src.stop_rules import StopRules, steps_in_run
-from src.validate import objective_direction, resolve_objective, resolve_precision, select_device
+from src.validate import check_config, objective_direction, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class RunState:
     wall_before: float = 0.0  # wall seconds spent by earlier starts of the run
     last_row: dict = field(default_factory=dict)  # the latest evaluation
     best: dict = field(default_factory=dict)  # best_test_error, best_val_error so far
+    stop_reason: str | None = None  # set by the final checkpoint of a run
     started: float = field(default_factory=time.perf_counter)
 
     def wall_s(self) -> float:
@@ -149,6 +151,7 @@ class RunState:
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step, "train_time": self.train_time,
             "wall_s": self.wall_s(), "rows": self.recorder.rows if self.recorder else 0,
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
+            "stop_reason": self.stop_reason,
             "rng": {"torch": torch.get_rng_state(), "cuda": list(cuda)}, "loader": self.train_loader.state_dict(),
         }
 
@@ -165,6 +168,7 @@ class RunState:
         self.epoch, self.epoch_done, self.step = int(state["epoch"]), bool(state["epoch_done"]), int(state["step"])
         self.train_time, self.wall_before = float(state["train_time"]), float(state["wall_s"])
         self.last_row, self.best = dict(state["last_row"]), dict(state["best"])
+        self.stop_reason = state.get("stop_reason")
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
 
@@ -189,15 +193,16 @@ def build_loaders(cfg: Mapping[str, Any], data: DataSplits, y_clean: torch.Tenso
     train_loader = Loader(data.x_train, data.y_train, min(int(t["batch_size"]), n_train),
                           augment=cfg["dataset"].get("augment", "none"), shuffle=True, drop_last=True, seed=seed,
                           sample_weights=data.sample_weights, **common)
-    keep = torch.arange(n_train)
+    x, y, clean = data.x_train, data.y_train, (y_clean, flipped)  # no copy of the images when all are scored
     if t.get("train_eval_size") and t["train_eval_size"] < n_train:
         keep = torch.randperm(n_train, generator=torch.Generator().manual_seed(seed + 2))[: int(t["train_eval_size"])]
+        x, y, clean = x[keep.to(x.device)], y[keep], (y_clean[keep], flipped[keep])
     ebs = int(t["eval_batch_size"])
-    eval_loaders = {"train": Loader(data.x_train[keep.to(data.x_train.device)], data.y_train[keep], ebs, **common)}
+    eval_loaders = {"train": Loader(x, y, ebs, **common)}
     if data.x_val is not None:
         eval_loaders["val"] = Loader(data.x_val, data.y_val, ebs, **common)
     eval_loaders["test"] = Loader(data.x_test, data.y_test, ebs, **common)
-    return train_loader, eval_loaders, (y_clean[keep], flipped[keep])
+    return train_loader, eval_loaders, clean
 
 
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
@@ -215,11 +220,18 @@ def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tenso
     return info
 
 
-def setup(cfg: Mapping[str, Any], run_dir: str | Path | None) -> RunState:
-    """Build a run from a composed, resolved and checked config (``src.validate.check_config``).
-    ``run_dir=None`` builds without a recorder (benchmarks)."""
+def plain_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A composed config as a resolved plain dict (what checkpoints store and compare)."""
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> RunState:
+    """Build a run from a composed config, checked first (``src.validate.check_config``). The run starts
+    at epoch 0; ``load_state_dict`` continues it from a checkpoint. ``run_dir=None`` builds without a
+    recorder (benchmarks); with a run dir, only ``metrics.jsonl`` is created (empty) if absent."""
+    cfg = plain_config(cfg)
+    device = check_config(cfg)
     t, seed = cfg["trainer"], int(cfg["seed"])
-    device = select_device(str(t["device"]))
     precision = resolve_precision(t["precision"], device)
     setup_device(device, t)
     torch.manual_seed(seed)
@@ -240,7 +252,7 @@ def setup(cfg: Mapping[str, Any], run_dir: str | Path | None) -> RunState:
                         cfg["scheduler"].get("min_lr_ratio", 0.0))
     params = sum(p.numel() for p in model.parameters())
     return RunState(
-        cfg=dict(cfg), device=device, precision=precision, data=data, model=model, model_cfg=model_cfg,
+        cfg=cfg, device=device, precision=precision, data=data, model=model, model_cfg=model_cfg,
         step_model=compile_model(model) if t.get("compile") else model, optimizer=optimizer,
         scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
         autocast=autocast_for(device, precision), train_loader=train_loader, eval_loaders=eval_loaders,

@@ -25,7 +25,12 @@ def main(cfg: DictConfig) -> float:
 
         reporter = make_reporter(cfg)
     summary = train(cfg, run_dir, reporter)  # SIGTERM/SIGINT: raises RunInterrupted, a non-zero exit
-    if reporter is not None and summary["stop_reason"] == "pruned":
+    return objective_of(summary, in_trial=reporter is not None)
+
+
+def objective_of(summary: dict, in_trial: bool) -> float:
+    """The sweep objective of a returned summary; an Optuna trial the pruner stopped raises TrialPruned."""
+    if in_trial and summary["stop_reason"] == "pruned":
         import optuna
 
         raise optuna.TrialPruned(f"pruned at epoch {summary['epochs']} with {summary['objective_name']} "

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from src.checkpoint import check_resumable, move_aside, read_checkpoints
@@ -30,6 +30,7 @@ from src.run_state import (  # noqa: F401 - re-exported: the trainer's public se
     autocast_for,
     build_model,
     compile_model,
+    plain_config,
     setup,
     setup_device,
     use_channels_last,
@@ -81,11 +82,10 @@ class StopSignal:
     def __init__(self):
         self.signum: int | None = None
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum, frame):  # only sets a flag: the loop logs and stops at the next step's end
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("received %s: stopping after the current step", signal.Signals(signum).name)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignal]:
@@ -199,15 +199,12 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
 
 def finish(state: RunState, reason: str) -> dict[str, Any]:
     """Write the final checkpoint (a run that can continue) and summary.json; returns the summary."""
+    state.stop_reason = reason
     if state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
     state.recorder.summary(summary)
     return summary
-
-
-def _plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
 def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
@@ -268,7 +265,7 @@ def _progress(state: RunState):
 def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None) -> dict:
     """Train one model as configured (or continue it from its run dir) and write its run directory.
     Returns the summary dict; raises ``RunInterrupted`` (a SystemExit) after SIGTERM/SIGINT."""
-    cfg = _plain(cfg)
+    cfg = plain_config(cfg)
     check_config(cfg)
     run_dir = writable_run_dir(run_dir)
     found, done = prepare_resume(cfg, run_dir)
@@ -277,6 +274,8 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
+    if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
+        return finish(state, state.stop_reason)  # killed after its final checkpoint, before its summary
     stop = StopSignal()
     state.started = time.perf_counter()
     with stop.installed(), _progress(state) as pbar:
@@ -289,5 +288,7 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
             raise
     summary = finish(state, reason)
     if reason == "interrupted" and stop.signum is not None:
+        log.warning("stopped by %s at epoch %d, step %d: checkpoint and summary written to %s; the same command "
+                    "continues the run", signal.Signals(stop.signum).name, state.epoch, state.step, run_dir)
         raise RunInterrupted(stop.signum, summary)
     return summary

@@ -80,3 +80,28 @@ def test_the_entry_point_restarts_before_torch_loads():
             if not (isinstance(n, ast.Expr) or isinstance(n, ast.ImportFrom) and n.module == "__future__")]
     first = body[0]
     assert isinstance(first, ast.If) and "restart_with_lean_malloc" in ast.unparse(first)
+
+
+def test_pruning_is_decided_from_the_returned_summary():
+    import optuna
+
+    from src.train import objective_of
+
+    pruned = {"stop_reason": "pruned", "epochs": 2, "objective_name": "val_acc", "objective": 0.5}
+    with pytest.raises(optuna.TrialPruned, match="pruned at epoch 2 with val_acc 0.5"):
+        objective_of(pruned, in_trial=True)
+    assert objective_of(pruned, in_trial=False) == 0.5
+    assert objective_of({**pruned, "stop_reason": "converged"}, in_trial=True) == 0.5
+
+
+def test_a_finished_run_is_not_retrained_from_the_command_line(tmp_path):
+    args = (*TINY, "trainer.checkpoint=true", f"hydra.run.dir={tmp_path}")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows = (tmp_path / "metrics.jsonl").read_text()
+    again = run_cli(*args, "trainer.progress=true")  # a runtime key may differ
+    assert again.returncode == 0 and "holds a finished run (max_epochs): not retraining" in again.stdout
+    assert (tmp_path / "metrics.jsonl").read_text() == rows
+    changed = run_cli(*args, "optimizer.lr=0.5")
+    assert changed.returncode != 0 and "optimizer.lr: 0.0003 -> 0.5" in changed.stderr
+    assert "trainer.resume=never" in changed.stderr

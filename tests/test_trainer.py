@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from src.trainer import _converged, train
+from src.stop_rules import StopRules
+from src.trainer import train
 
 SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_loss", "train_error", "test_loss",
                 "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
@@ -21,8 +22,11 @@ def read(run_dir):
 
 
 def test_run_writes_the_contract_and_returns_test_error(tiny_cfg, tmp_path):
-    objective = train(tiny_cfg("trainer.max_epochs=2", "trainer.checkpoint=true"), tmp_path)
+    returned = train(tiny_cfg("trainer.max_epochs=2", "trainer.checkpoint=true"), tmp_path)
     summary, rows = read(tmp_path)
+    objective = returned["objective"]
+    assert {k: v for k, v in returned.items() if v == v} == pytest.approx(  # NaN is null in the file
+        {k: v for k, v in summary.items() if v is not None})
     assert SUMMARY_KEYS <= summary.keys() and METRIC_KEYS <= rows[0].keys()
     assert summary["status"] == "completed" and summary["stop_reason"] == "max_epochs"
     assert [r["epoch"] for r in rows] == [1, 2] and summary["steps"] == 8  # 200 images / batch 50, 2 epochs
@@ -31,7 +35,7 @@ def test_run_writes_the_contract_and_returns_test_error(tiny_cfg, tmp_path):
 
 
 def test_val_split_becomes_the_objective(tiny_cfg, tmp_path):
-    objective = train(tiny_cfg("dataset.val_size=100"), tmp_path)
+    objective = train(tiny_cfg("dataset.val_size=100"), tmp_path)["objective"]
     summary, rows = read(tmp_path)
     assert {"val_loss", "val_error"} <= rows[0].keys() and objective == summary["val_error"]
     assert summary["objective_name"] == "val_error"
@@ -56,6 +60,10 @@ def test_convergence_stops(tiny_cfg, tmp_path):
     assert summary["stop_reason"] == "converged" and summary["epochs"] == 3 and len(rows) == 3
 
 
+def _converged(history, window, tol):
+    return StopRules(converge_epochs=window, converge_tol=tol, history=list(history)).converged()
+
+
 def test_converged_window():
     assert not _converged([(1, 0.5), (2, 0.5)], 2, 0.0)
     assert _converged([(1, 0.5), (2, 0.5), (3, 0.5)], 2, 0.0)
@@ -65,7 +73,7 @@ def test_converged_window():
 
 def test_nonfinite_loss_is_recorded_not_lost(tiny_cfg, tmp_path):
     objective = train(tiny_cfg("optimizer.lr=1e30", "trainer.max_epochs=20", "trainer.log_every=1", "model=cnn",
-                               "optimizer=sgd"), tmp_path)
+                               "optimizer=sgd"), tmp_path)["objective"]
     summary, _ = read(tmp_path)
     assert summary["status"] == "failed" and summary["stop_reason"] == "nonfinite_loss" and math.isnan(objective)
     assert summary["epochs"] < 20

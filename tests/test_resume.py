@@ -1,0 +1,264 @@
+"""Runs that survive kills: checkpoints, resume, signals (the `faults` tests kill real training processes)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from src.checkpoint import CHECKPOINT, PREVIOUS
+from src.trainer import train
+from tests.conftest import ROOT, TINY
+
+TIMING = ("wall_s", "images_per_s")  # measured, so they differ between any two runs
+VIT = [*TINY, "trainer.checkpoint=true", "trainer.num_threads=1", "dataset.augment=flip_crop", "model.dropout=0.2",
+       "trainer.max_epochs=40", "dataset.n_train=300", "trainer.batch_size=30", "optimizer.lr=3e-3"]
+CNN = [o for o in VIT if not o.startswith("model.")] + ["model=cnn", "model.width=4"]
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def start(overrides: list[str], run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "src.train", *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def stop_after(proc: subprocess.Popen, run_dir: Path, rows: int, sig: int, timeout: float = 600) -> None:
+    """Send ``sig`` once ``metrics.jsonl`` holds ``rows`` rows (polled: robust on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while len(rows_of(run_dir)) < rows:
+        assert proc.poll() is None, f"the run ended before it could be stopped:\n{proc.communicate()[0][-3000:]}"
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.02)
+    proc.send_signal(sig)
+
+
+def reference(overrides: list[str], run_dir: Path) -> tuple[list[dict], dict]:
+    rc, out = finish(start(overrides, run_dir))
+    assert rc == 0, out[-3000:]
+    return rows_of(run_dir), summary_of(run_dir)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """One uninterrupted run per model, shared by the kill tests."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    return {"vit": reference(VIT, base / "vit"), "cnn": reference(CNN, base / "cnn")}
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("model", ["vit", "cnn"])
+def test_sigkilled_then_resumed_equals_uninterrupted(references, model, tmp_path):
+    overrides = VIT if model == "vit" else CNN
+    proc = start(overrides, tmp_path)
+    stop_after(proc, tmp_path, 3, signal.SIGKILL)
+    rc, _ = finish(proc)
+    assert rc == -signal.SIGKILL and not (tmp_path / "summary.json").exists()
+    assert (tmp_path / CHECKPOINT).is_file()
+    rc, out = finish(start(overrides, tmp_path))
+    assert rc == 0, out[-3000:]
+    assert "resuming" in out
+    ref_rows, ref_summary = references[model]
+    rows, summary = rows_of(tmp_path), summary_of(tmp_path)
+    assert untimed(rows) == untimed(ref_rows)  # every row, bitwise: no row lost or duplicated
+    assert summary["test_error"] == ref_summary["test_error"] and summary["train_loss"] == ref_summary["train_loss"]
+    assert summary["status"] == "completed" and summary["epochs"] == 40
+    assert summary["wall_s"] >= rows[2]["wall_s"]  # wall time counts across the restart
+
+
+@pytest.mark.faults
+def test_sigterm_writes_checkpoint_and_interrupted_summary_then_resumes_exactly(references, tmp_path):
+    proc = start(VIT, tmp_path)
+    stop_after(proc, tmp_path, 2, signal.SIGTERM)
+    rc, out = finish(proc)
+    assert rc != 0, out[-3000:]
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "stopped" and summary["stop_reason"] == "interrupted"
+    assert 2 <= summary["epochs"] < 40
+    ckpt = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    assert ckpt["step"] == summary["steps"]  # the checkpoint is the state at the stop, mid-epoch or not
+    rc, out = finish(start(VIT, tmp_path))
+    assert rc == 0, out[-3000:]
+    ref_rows, ref_summary = references["vit"]
+    assert untimed(rows_of(tmp_path)) == untimed(ref_rows)
+    assert summary_of(tmp_path)["test_error"] == ref_summary["test_error"]
+    assert json.loads((tmp_path / "summary.previous.json").read_text())["stop_reason"] == "interrupted"
+
+
+@pytest.mark.faults
+def test_sigterm_fails_a_job_of_a_multirun(tmp_path):
+    """Inside a sweep's job process (Hydra's launcher) SIGTERM still checkpoints and ends the job non-zero."""
+    proc = subprocess.Popen([sys.executable, "-m", "src.train", "-m", *VIT, "seed=0,1", f"hydra.sweep.dir={tmp_path}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stop_after(proc, tmp_path / "0", 1, signal.SIGTERM)
+    rc, out = finish(proc)
+    assert rc != 0 and summary_of(tmp_path / "0")["stop_reason"] == "interrupted", out[-3000:]
+    assert (tmp_path / "0" / CHECKPOINT).is_file() and not (tmp_path / "1").exists()
+
+
+# ------------------------------------------------------------------ in-process: cheap, no kill needed
+def failing_reporter(at_epoch: int):
+    def report(value: float, epoch: int) -> bool:
+        if epoch == at_epoch:
+            raise RuntimeError("worker lost")
+        return False
+    return report
+
+
+def test_a_crashed_run_resumes_exactly_and_a_finished_one_is_not_retrained(tiny_cfg, tmp_path):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=4", "dataset.augment=flip_crop", "model=cnn",
+            "model.width=2"]
+    ref = train(tiny_cfg(*over), tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="worker lost"):
+        train(tiny_cfg(*over), tmp_path / "run", reporter=failing_reporter(3))
+    crashed = summary_of(tmp_path / "run")
+    assert crashed["status"] == "failed" and "worker lost" in crashed["error"]
+    resumed = train(tiny_cfg(*over), tmp_path / "run")
+    assert untimed(rows_of(tmp_path / "run")) == untimed(rows_of(tmp_path / "ref"))
+    assert resumed["test_error"] == ref["test_error"] and resumed["epochs"] == 4
+    stamp = (tmp_path / "run" / CHECKPOINT).stat().st_mtime_ns
+    again = train(tiny_cfg(*over, "trainer.num_threads=1"), tmp_path / "run")  # a runtime key may differ
+    assert again["objective"] == resumed["objective"] and (tmp_path / "run" / CHECKPOINT).stat().st_mtime_ns == stamp
+    longer = train(tiny_cfg(*over[:1], "trainer.max_epochs=6", *over[2:]), tmp_path / "run")  # a raised limit
+    assert longer["epochs"] == 6 and [r["epoch"] for r in rows_of(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_changed_config_refuses_to_resume_and_names_the_keys(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=1"), tmp_path)
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match=r"(?s)model.dim: 32 -> 48.*optimizer.lr.*trainer.resume=never"):
+        train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=2", "model.dim=48", "optimizer.lr=0.01",
+                       "+trial.number=3", "trainer.progress=true"), tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_trial_and_runtime_keys_do_not_block_a_resume(tiny_cfg, tmp_path):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=3"]
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(*over, "+trial.number=1", "+trial.study_name=a"), tmp_path, reporter=failing_reporter(2))
+    summary = train(tiny_cfg(*over, "+trial.number=7", "+trial.study_name=b", "trainer.log_every=3"), tmp_path)
+    assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2, 3]
+
+
+def test_a_corrupt_last_checkpoint_falls_back_to_the_previous_one(tiny_cfg, tmp_path, caplog):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=4"]
+    ref = train(tiny_cfg(*over), tmp_path / "ref")
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(*over), run, reporter=failing_reporter(3))  # checkpoints of epochs 1 and 2 exist
+    (run / CHECKPOINT).write_bytes((run / CHECKPOINT).read_bytes()[:500])  # truncated mid-write
+    resumed = train(tiny_cfg(*over), run)
+    assert f"{run / CHECKPOINT} is unreadable" in caplog.text
+    assert untimed(rows_of(run)) == untimed(rows_of(tmp_path / "ref")) and resumed["test_error"] == ref["test_error"]
+
+
+def test_a_checkpoint_of_another_shape_falls_back_then_starts_afresh(tiny_cfg, tmp_path, caplog):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=3"]
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(*over), tmp_path, reporter=failing_reporter(2))
+    for name in (CHECKPOINT, PREVIOUS):
+        if (tmp_path / name).exists():
+            ckpt = torch.load(tmp_path / name, weights_only=True)
+            ckpt["model"] = {k: torch.zeros(3) for k in ckpt["model"]}
+            torch.save(ckpt, tmp_path / name)
+    summary = train(tiny_cfg(*over), tmp_path)
+    assert "does not fit this run" in caplog.text and "starting afresh" in caplog.text
+    assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2, 3]
+    assert list(tmp_path.glob("previous-*/metrics.jsonl"))  # the old records were moved aside, not deleted
+
+
+def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.checkpoint=true"), tmp_path)
+    old = (tmp_path / "metrics.jsonl").read_text()
+    train(tiny_cfg("trainer.checkpoint=true", "trainer.resume=never", "optimizer.lr=0.01"), tmp_path)
+    (previous,) = tmp_path.glob("previous-*")
+    assert (previous / "metrics.jsonl").read_text() == old
+    assert {p.name for p in previous.iterdir()} == {"metrics.jsonl", "summary.json", CHECKPOINT}
+    assert summary_of(tmp_path)["status"] == "completed"
+
+
+def test_checkpoints_are_atomic_keep_the_previous_and_load_weights_only(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=3", "trainer.checkpoint_every=1"), tmp_path)
+    last = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    prev = torch.load(tmp_path / PREVIOUS, weights_only=True)
+    assert (last["epoch"], prev["epoch"]) == (3, 2) and not list(tmp_path.glob("*.tmp"))
+    assert {"model", "model_cfg", "data", "optimizer", "rng", "loader", "rules", "config"} <= last.keys()
+    assert last["rng"]["torch"].dtype == torch.uint8 and last["loader"]["gen"].dtype == torch.uint8
+
+
+def test_checkpoint_every_zero_writes_only_at_the_end(tiny_cfg, tmp_path):
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=3", "trainer.checkpoint_every=0"), tmp_path,
+              reporter=failing_reporter(2))  # epoch 1 ended without a checkpoint
+    assert not (tmp_path / CHECKPOINT).exists()
+
+
+def test_a_nonfinite_run_is_final(tiny_cfg, tmp_path):
+    over = ["optimizer.lr=1e30", "trainer.max_epochs=20", "trainer.log_every=1", "model=cnn", "optimizer=sgd",
+            "trainer.checkpoint=true"]
+    first = train(tiny_cfg(*over), tmp_path)
+    assert first["stop_reason"] == "nonfinite_loss"
+    assert train(tiny_cfg(*over), tmp_path)["epochs"] == first["epochs"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root may write anywhere")
+def test_a_read_only_output_folder_fails_before_any_work(tiny_cfg, tmp_path):
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match="not writable"):
+            train(tiny_cfg(), tmp_path)
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_a_run_dir_that_cannot_be_created_fails_before_any_work(tiny_cfg, tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="cannot create the run dir .* choose a writable hydra.run.dir"):
+        train(tiny_cfg(), tmp_path / "file" / "run")
+
+
+def test_a_mid_epoch_checkpoint_resumes_exactly(tiny_cfg, tmp_path):
+    """A stop inside an epoch (here max_steps; SIGTERM does the same) checkpoints the loader's position:
+    continuing redraws the epoch's order and augmentations and goes on from the next batch."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "dataset.augment=flip_crop", "trainer.max_epochs=10"]
+    ref = train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "ref")  # 4 steps per epoch
+    first = train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path / "run")
+    ckpt = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)
+    assert first["stop_reason"] == "max_steps" and ckpt["loader"]["batch"] == 1 and not ckpt["epoch_done"]
+    resumed = train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "run")
+    rows = untimed(rows_of(tmp_path / "run"))
+    assert [(r["epoch"], r["step"]) for r in rows] == [(1, 4), (2, 5), (2, 8), (3, 12)]
+    assert [rows[0], *rows[2:]] == untimed(rows_of(tmp_path / "ref"))
+    assert resumed["test_error"] == ref["test_error"] and resumed["train_loss"] == ref["train_loss"]
+
+
+def test_a_run_killed_between_its_final_checkpoint_and_its_summary_trains_no_further(tiny_cfg, tmp_path):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=2"]
+    first = train(tiny_cfg(*over), tmp_path)
+    (tmp_path / "summary.json").unlink()  # as if SIGKILLed right after the final checkpoint
+    again = train(tiny_cfg(*over), tmp_path)
+    assert again["epochs"] == 2 and again["test_error"] == first["test_error"] and len(rows_of(tmp_path)) == 2

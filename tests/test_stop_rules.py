@@ -1,0 +1,93 @@
+"""Stop rules, objectives and the clean-label metrics, end to end through the trainer."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from src.stop_rules import StopRules
+from src.trainer import train
+from src.validate import objective_direction
+
+# (eval_every, converge_epochs) -> the epoch a run with a constant train error stops at:
+# the first evaluation with one at or before converge_epochs epochs earlier.
+CONVERGENCE = {(1, 2): 3, (2, 3): 6, (2, 4): 6, (5, 12): 20}
+
+
+def rows_of(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("eval_every, window", list(CONVERGENCE))
+def test_convergence_fires_for_any_eval_every(tiny_cfg, tmp_path, eval_every, window):
+    # A zero learning rate freezes the model, so the train error is constant from the first epoch.
+    summary = train(tiny_cfg("trainer.max_epochs=60", f"trainer.converge_epochs={window}", "optimizer.lr=0",
+                             f"trainer.eval_every={eval_every}", "dataset.n_train=100"), tmp_path)
+    assert summary["stop_reason"] == "converged" and summary["status"] == "completed"
+    assert summary["epochs"] == CONVERGENCE[(eval_every, window)]
+    evaluated = [r["epoch"] for r in rows_of(tmp_path)]
+    assert evaluated == list(range(eval_every, summary["epochs"] + 1, eval_every))
+    assert len(evaluated) == math.ceil(window / eval_every) + 1  # the documented minimum
+
+
+def test_convergence_needs_the_whole_window_within_tol():
+    rules = StopRules(converge_epochs=4, converge_tol=0.01, eval_every=2)
+    assert [rules.after_eval(e, err) for e, err in [(2, 0.5), (4, 0.3), (6, 0.3), (8, 0.3)]] == \
+        [None, None, None, "converged"]  # at 6 the window opens at epoch 2, whose 0.5 is outside tol
+
+
+def test_max_wall_alone_is_a_stop_rule(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("trainer.max_epochs=null", "trainer.max_wall_s=1", "scheduler=constant"), tmp_path)
+    assert summary["stop_reason"] == "max_wall" and summary["status"] == "stopped" and summary["wall_s"] >= 1
+
+
+def test_max_wall_alone_with_a_cosine_schedule_says_how(tiny_cfg, tmp_path):
+    with pytest.raises(ValueError, match="scheduler=cosine needs a run length.*scheduler=constant"):
+        train(tiny_cfg("trainer.max_epochs=null", "trainer.max_wall_s=1"), tmp_path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.objective=test_eror", r"trainer.objective='test_eror' is not a metric this run records: did you mean "
+                                    r"test_error"),
+    ("trainer.objective=val_acc", "trainer.objective=val_acc needs a validation split: set dataset.val_size"),
+    ("trainer.objective=test_auc", "'test_auc' is not a metric this run records"),  # digits has 10 classes
+    ("trainer.log_every=0", r"trainer.log_every=0 must be an integer >= 1"),
+    ("trainer.checkpoint_every=-1", r"trainer.checkpoint_every=-1 must be an integer >= 0"),
+    ("trainer.resume=sometimes", r"trainer.resume='sometimes' is unknown: choose one of \['auto', 'never'\]"),
+    ("trainer.max_epochs=null", "set trainer.max_epochs, trainer.max_steps or trainer.max_wall_s"),
+])
+def test_bad_trainer_input_fails_before_any_record(tiny_cfg, tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        train(tiny_cfg(override), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_accuracy_objectives_are_reported_for_pruning_and_maximised(tiny_cfg, tmp_path):
+    seen = []
+    summary = train(tiny_cfg("trainer.max_epochs=4", "dataset.val_size=100", "trainer.objective=val_acc"), tmp_path,
+                    reporter=lambda v, e: seen.append((v, e)) or e >= 2)
+    rows = rows_of(tmp_path)
+    assert summary["stop_reason"] == "pruned" and [e for _, e in seen] == [1, 2]
+    assert [v for v, _ in seen] == [r["val_acc"] for r in rows] == [1 - r["val_error"] for r in rows]
+    assert summary["objective"] == summary["val_acc"] and summary["objective_direction"] == "maximize"
+    assert objective_direction("val_auc") == "maximize" and objective_direction("test_error") == "minimize"
+
+
+def test_clean_label_error_equals_the_noisy_one_without_noise(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("trainer.max_epochs=2", "trainer.train_eval_size=120"), tmp_path)
+    for r in [*rows_of(tmp_path), summary]:
+        assert r["train_error_clean"] == r["train_error"] and r["train_loss_clean"] == r["train_loss"]
+        noisy = r["train_error_noisy_subset"]
+        assert noisy is None or math.isnan(noisy)  # no flipped image scored: NaN, null in the files
+
+
+def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("trainer.max_epochs=3", "label_noise=p20", "dataset.n_train=600",
+                             "trainer.train_eval_size=300", "optimizer.lr=3e-3"), tmp_path)
+    for r in rows_of(tmp_path):
+        assert r["train_error_clean"] != r["train_error"] and r["train_loss_clean"] != r["train_loss"]
+        assert 0.0 <= r["train_error_noisy_subset"] <= 1.0
+    # A model that has not memorised the noise mostly predicts the true class of a flipped image, so it is
+    # wrong against the noisy label there more often than on the clean images.
+    assert summary["train_error_noisy_subset"] > summary["train_error_clean"]
