@@ -25,12 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from src.records import writable_run_dir
-from src.run_state import RunState
+from src.run_state import RunState, plain_config
 from src.trainer import finish, prepare_resume, record_evaluation, resume, summarise
 from src.validate import check_config
 
@@ -236,14 +235,18 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
     states: dict[int, RunState] = {}
     for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
         try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
-            cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+            cfg = plain_config(cfg)
             check_config(cfg)
             run_dir = writable_run_dir(run_dir)
             found, done = prepare_resume(cfg, run_dir)
             if done is not None:
                 results[k] = done
                 continue
-            states[k] = resume(cfg, run_dir, found)
+            state = resume(cfg, run_dir, found)
+            if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
+                results[k] = finish(state, state.stop_reason)  # killed after its final checkpoint
+                continue
+            states[k] = state
         except Exception as e:  # this member fails alone
             results[k] = e
     if states:

@@ -106,3 +106,18 @@ def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
     bad = run_cli("-m", "model=cnn_vgg", *CNN[2:], "seed=0,1", "hydra/launcher=vectorized",
                   "hydra.launcher.stack=always", f"hydra.sweep.dir={tmp_path / 'bad'}")
     assert bad.returncode != 0 and "model._target_=src.models.cnn.VGGCNN cannot stack" in bad.stderr
+
+
+def test_members_resume_per_run_dir(tmp_path):
+    """A finished member is not retrained; raising max_epochs continues each member from its checkpoint."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    cfgs = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=2", f"seed={s}") for s in (0, 1)]
+    first = train_members(cfgs, dirs)
+    keys = ("epochs", "steps", "wall_s", "test_error", "train_loss")
+    again = train_members(cfgs, dirs)  # both finished: their summaries come back, nothing is retrained
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in first]
+    longer = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=3", f"seed={s}") for s in (0, 1)]
+    again = train_members(longer, dirs)
+    for d, summary in zip(dirs, again, strict=True):
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == [1, 2, 3] and summary["epochs"] == 3 and summary["steps"] == 12
