@@ -95,21 +95,23 @@ class MemberStack:
                 p.data = self.params[name][k]
         self.base = models[0]  # the one model definition: functional_call swaps the stacked tensors in
 
-    def _loss(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, state: RunState) -> torch.Tensor:
-        t = state.cfg["trainer"]
-        logits = functional_call(self.base, (params, buffers), (x,))
-        return F.cross_entropy(logits, y, weight=state.class_weights, label_smoothing=t.get("label_smoothing", 0.0))
+    def _loss(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        smoothing = self.states[0].cfg["trainer"].get("label_smoothing", 0.0)
+        logits = functional_call(self.base, (params, self.buffers), (x,))
+        return F.cross_entropy(logits, y, weight=weight, label_smoothing=smoothing)
 
     def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """One optimizer step of every member on its own batch; returns the members' losses (detached)."""
         params = {n: p.detach().requires_grad_() for n, p in self.params.items()}
         x = torch.stack([b[0] for b in batches])
         y = torch.stack([b[1] for b in batches])
+        weights = None  # each member's own class weights (from its own training subset), when the data has them
+        if self.states[0].class_weights is not None:
+            weights = torch.stack([s.class_weights for s in self.states])
         self.base.train()
-        state = self.states[0]
-        with state.autocast:
-            losses = vmap(lambda p, xb, yb: self._loss(p, self.buffers, xb, yb, state), randomness="different")(
-                params, x, y)
+        with self.states[0].autocast:
+            losses = vmap(self._loss, in_dims=(0, 0, 0, None if weights is None else 0), randomness="different")(
+                params, x, y, weights)
         losses.sum().backward()  # members share no parameter: each gets the gradient of its own loss
         for k, s in enumerate(self.states):
             for name, p in s.model.named_parameters():

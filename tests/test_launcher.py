@@ -94,3 +94,14 @@ def test_training_grid_matches_the_basic_launcher(tmp_path):
         results[name] = [json.loads((out / str(k) / "summary.json").read_text()) for k in range(4)]
     for a, b in zip(results["basic"], results["vectorized"], strict=True):
         assert (a["test_error"], a["train_loss"], a["params"]) == (b["test_error"], b["train_loss"], b["params"])
+
+
+def test_stack_auto_groups_members_on_cuda_only():
+    """`auto` stacks where it pays (CUDA), not on CPU, where it measured no faster than processes."""
+    from hydra_plugins.vitsweep_launcher.pool import plan_units
+    from tests.conftest import compose_cfg
+
+    cfgs = [compose_cfg(["model=cnn", f"seed={s}"]) for s in (0, 1, 2)]
+    assert plan_units(cfgs, "auto", 16, "cpu") == [[0], [1], [2]]
+    assert plan_units(cfgs, "auto", 16, "cuda") == [[0, 1, 2]] == plan_units(cfgs, "always", 16, "cpu")
+    assert plan_units(cfgs, "never", 16, "cuda") == [[0], [1], [2]] == plan_units(cfgs, "always", 1, "cuda")
