@@ -41,9 +41,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         configs.append(cfg)
     gpus = _visible_gpus(configs[0])
     units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
-    default = len(gpus) if gpus else _cpu_count()
-    n_procs = min(launcher.n_procs or default, len(units))
-    threads = 0 if gpus else max(1, _cpu_count() // n_procs)
+    sweepers = int(OmegaConf.select(config, "hydra.sweeper.n_workers", default=1) or 1)  # vitsweep's workers
+    cores = max(1, _cpu_count() // sweepers)  # each of the sweeper's worker processes has its own pool
+    n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
+    threads = 0 if gpus else max(1, cores // n_procs)
     stacked = sum(len(u) for u in units if len(u) > 1)
     log.info(f"Launching {len(configs)} jobs on {n_procs} worker process(es) "
              + ("(one GPU each)" if gpus else f"({threads} torch thread(s) each)")
@@ -62,7 +63,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
 def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
     """The launcher's worker pool, kept across batches (a sweeper launching trial after trial pays the
     workers' start-up once) unless it has fewer workers than this batch needs."""
-    key = (threads, tuple(gpus), log_dir)
+    key = (tuple(gpus), log_dir)
     old = getattr(launcher, "pool", None)
     if old is not None and old[0] == key and old[1] >= n_procs:
         return old[2]
