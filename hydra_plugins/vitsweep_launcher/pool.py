@@ -88,10 +88,10 @@ def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[D
     for fut in as_completed(futures):
         try:
             done = fut.result()
-        except BrokenProcessPool as e:  # a worker died (killed, out of memory): its jobs fail
-            broken = True
-            done = [(configs[i].hydra.job.num, _failed(RuntimeError(f"worker process died: {e}")), 0.0, -1)
-                    for i in futures[fut]]
+        except Exception as e:  # a worker died (killed, out of memory), or the unit failed outside its jobs
+            broken = broken or isinstance(e, BrokenProcessPool)
+            exc = RuntimeError(f"worker process died: {e}") if isinstance(e, BrokenProcessPool) else e
+            done = [(configs[i].hydra.job.num, _failed(exc), 0.0, -1) for i in futures[fut]]
         for idx, ret, seconds, slot in done:
             results[idx] = ret
             _log_finished(ret, idx, seconds, slot, len(results), len(configs))
