@@ -52,12 +52,13 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
              + f"; worker logs in {log_dir}")
     for cfg, overrides in zip(configs, job_overrides, strict=True):
         log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
-    pool = _pool(launcher, n_procs, threads, gpus, str(log_dir))
-    results, broken = _run_pool(pool, units, configs, initial_job_idx)
-    if broken:  # a worker died: the next batch gets a fresh pool
-        pool.shutdown()
+    results: dict[int, JobReturn] = {}
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results)
+    for unit in broken:  # a worker died and took these with it: each again alone, so only a killer fails
+        launcher.pool[2].shutdown()
         launcher.pool = None
-    return results
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, final=True)
+    return [results[initial_job_idx + i] for i in range(len(configs))]
 
 
 def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
@@ -81,21 +82,24 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
 
 
 def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[DictConfig],
-              first: int) -> tuple[list[JobReturn], bool]:
-    results: dict[int, JobReturn] = {}
-    broken = False
+              results: dict[int, JobReturn], final: bool = False) -> list[list[int]]:
+    """Run the units, filling ``results`` by job number; returns the units lost to a dead worker (their
+    jobs fail with that error when ``final``)."""
+    broken = []
     futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
     for fut in as_completed(futures):
         try:
             done = fut.result()
         except Exception as e:  # a worker died (killed, out of memory), or the unit failed outside its jobs
-            broken = broken or isinstance(e, BrokenProcessPool)
+            if isinstance(e, BrokenProcessPool) and not final:
+                broken.append(futures[fut])
+                continue
             exc = RuntimeError(f"worker process died: {e}") if isinstance(e, BrokenProcessPool) else e
             done = [(configs[i].hydra.job.num, _failed(exc), 0.0, -1) for i in futures[fut]]
         for idx, ret, seconds, slot in done:
             results[idx] = ret
             _log_finished(ret, idx, seconds, slot, len(results), len(configs))
-    return [results[first + i] for i in range(len(configs))], broken
+    return broken
 
 
 def _log_finished(ret: JobReturn, idx: int, seconds: float, slot: int, n_done: int, n_all: int) -> None:
