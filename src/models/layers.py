@@ -35,12 +35,16 @@ class _MaskedScale(torch.autograd.Function):
         return (grad * keep).mul_(ctx.scale), None, None
 
 
+def under_torch_func(x: torch.Tensor) -> bool:
+    """True inside ``torch.func`` transforms (the stacked members' ``vmap``); never traced by dynamo."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(x)
+
+
 def eager_cpu(x: torch.Tensor) -> bool:
     """The fast CPU paths are for plain eager mode: under ``torch.compile`` inductor generates its own
-    fused RNG (and ``random_`` would break the graph); under ``torch.func`` transforms (the stacked
-    members' ``vmap``) custom autograd functions and in-place draws do not apply."""
-    return (x.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x))
+    fused RNG (and ``random_`` would break the graph); under ``torch.func`` transforms custom autograd
+    functions and in-place draws do not apply."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and not under_torch_func(x)
 
 
 class Dropout(nn.Dropout):
@@ -96,7 +100,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = self.split_heads(self.qkv(x))  # each (B, heads, T, head_dim)
-        if return_attn or torch._C._functorch.is_functorch_wrapped_tensor(q):  # SDPA has no vmap batching rule
+        if return_attn or under_torch_func(q):  # SDPA has no vmap batching rule
             attn = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).float().softmax(dim=-1)  # (B, heads, T, T)
             return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn if return_attn else None
         p = self.attn_dropout if self.training else 0.0
