@@ -253,6 +253,11 @@ def resume(cfg: dict[str, Any], run_dir: Path, found: list[tuple[Path, dict]]) -
     return state
 
 
+def already_stopped(state: RunState) -> bool:
+    """True when ``state`` resumed from a run's final checkpoint and no stop limit was raised since."""
+    return state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before)
+
+
 def _progress(state: RunState):
     t = state.cfg["trainer"]
     total = state.schedule.total_steps
@@ -274,8 +279,8 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
-    if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
-        return finish(state, state.stop_reason)  # killed after its final checkpoint, before its summary
+    if already_stopped(state):  # killed after its final checkpoint, before its summary
+        return finish(state, state.stop_reason)
     stop = StopSignal()
     state.started = time.perf_counter()
     with stop.installed(), _progress(state) as pbar:

@@ -262,3 +262,15 @@ def test_a_run_killed_between_its_final_checkpoint_and_its_summary_trains_no_fur
     (tmp_path / "summary.json").unlink()  # as if SIGKILLed right after the final checkpoint
     again = train(tiny_cfg(*over), tmp_path)
     assert again["epochs"] == 2 and again["test_error"] == first["test_error"] and len(rows_of(tmp_path)) == 2
+
+
+def test_a_corrupt_checkpoint_with_no_previous_one_warns_and_starts_afresh(tiny_cfg, tmp_path, caplog):
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=2", "trainer.checkpoint_every=0"]
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(*over), tmp_path, reporter=failing_reporter(1))  # no checkpoint yet
+    (tmp_path / CHECKPOINT).write_bytes(b"PK\x03\x04 not a zip")
+    summary = train(tiny_cfg(*over), tmp_path)
+    assert f"{tmp_path / CHECKPOINT} is unreadable" in caplog.text
+    assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2]
+    (previous,) = tmp_path.glob("previous-*")
+    assert (previous / CHECKPOINT).read_bytes().startswith(b"PK") and (previous / "summary.json").is_file()

@@ -91,3 +91,8 @@ def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
     # A model that has not memorised the noise mostly predicts the true class of a flipped image, so it is
     # wrong against the noisy label there more often than on the clean images.
     assert summary["train_error_noisy_subset"] > summary["train_error_clean"]
+
+
+def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog):
+    train(tiny_cfg("trainer.max_epochs=2", "+trial.number=0", "+trial.study_name=s"), tmp_path)
+    assert caplog.text.count("tuned on the TEST split") == 1
