@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config
-from src.trainer import finish, prepare_resume, record_evaluation, resume, summarise
+from src.trainer import already_stopped, finish, prepare_resume, record_evaluation, resume, summarise
 from src.validate import check_config
 
 MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay", "trial")
@@ -245,7 +245,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 results[k] = done
                 continue
             state = resume(cfg, run_dir, found)
-            if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
+            if already_stopped(state):
                 results[k] = finish(state, state.stop_reason)  # killed after its final checkpoint
                 continue
             states[k] = state
