@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	# compat editable mode puts the repo on sys.path, so Hydra's scan of the hydra_plugins namespace finds
-	# the vitsweep sweeper (setuptools' default PEP 660 finder hides it: hydra issues 2359, 3252).
+	# the vitsweep sweeper and launcher (setuptools' default PEP 660 finder hides them: hydra issues 2359, 3252).
 	$(PY) -m pip install -q -e '.[dev,dicom,dashboard,postgres]' --config-settings editable_mode=compat
 	touch $@
 

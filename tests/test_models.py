@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from src.models.cnn import VGGCNN, WidthCNN
 import torch.nn.functional as F
 
-from src.models.layers import Attention, _DropAttention, _GeluDropLinear, _LayerNormLinear, dropout_keep
+from src.models.cnn import VGGCNN, WidthCNN
+from src.models.layers import Attention, Block, dropout_keep
+from src.models.lean import LeanBlock, _DropAttention, _GeluDropLinear, _LayerNormLinear
 from src.models.vit import ViT
 
 
@@ -75,7 +75,7 @@ def test_memory_lean_attention_matches_the_explicit_ops(dtype, tol):
         torch.manual_seed(5)
         outs.append(fn(q, k, v, 0.3))
     assert torch.allclose(*outs, atol=tol, rtol=tol)
-    for a, b in zip(_grads(outs[0], (q, k, v)), _grads(outs[1], (q, k, v))):
+    for a, b in zip(_grads(outs[0], (q, k, v)), _grads(outs[1], (q, k, v)), strict=True):
         assert torch.allclose(a, b, atol=tol, rtol=tol)
 
 
@@ -86,7 +86,7 @@ def test_memory_lean_mlp_matches_gelu_dropout_linear(dtype, tol):
     keep = dropout_keep(a, 0.25)
     outs = [fn(a, keep, 1 / 0.75, w, b) for fn in (_GeluDropLinear.apply, _ref_gelu_drop_linear)]
     assert torch.allclose(*outs, atol=tol, rtol=tol)
-    for x, y in zip(_grads(outs[0], (a, w, b)), _grads(outs[1], (a, w, b))):
+    for x, y in zip(_grads(outs[0], (a, w, b)), _grads(outs[1], (a, w, b)), strict=True):
         assert torch.allclose(x, y, atol=tol, rtol=tol)
 
 
@@ -96,7 +96,7 @@ def test_memory_lean_norm_linear_matches_layer_norm_then_linear():
     lw, lb, w, b = params
     outs = [fn(x, lw, lb, 1e-5, w, b) for fn in (_LayerNormLinear.apply, _ref_layer_norm_linear)]
     assert torch.allclose(*outs, atol=1e-10)
-    for a, c in zip(_grads(outs[0], (x, *params)), _grads(outs[1], (x, *params))):
+    for a, c in zip(_grads(outs[0], (x, *params)), _grads(outs[1], (x, *params)), strict=True):
         assert torch.allclose(a, c, atol=1e-10)
 
 
@@ -127,15 +127,33 @@ def test_dropout_vit_trains_the_same_and_saves_less_on_the_memory_lean_paths(mon
     monkeypatch.setattr(_LayerNormLinear, "apply", _ref_layer_norm_linear)
     ref_loss, ref_grads, ref_bytes = run()
     assert torch.allclose(lean_loss, ref_loss, atol=tol[0])
-    assert all(torch.allclose(a, b, atol=tol[1], rtol=tol[2]) for a, b in zip(lean_grads, ref_grads))
+    assert all(torch.allclose(a, b, atol=tol[1], rtol=tol[2]) for a, b in zip(lean_grads, ref_grads, strict=True))
     assert lean_bytes <= 0.7 * ref_bytes, (lean_bytes, ref_bytes)
+
+
+def test_lean_and_plain_blocks_share_parameters_and_agree_without_dropout():
+    """``model.lean=false`` builds plain blocks with the same parameters and initial weights; without
+    dropout both compute the same loss and gradients in CPU training."""
+    models = []
+    for lean in (True, False):
+        torch.manual_seed(0)
+        models.append(ViT(16, 1, 10, patch=4, dim=32, depth=2, heads=4, mlp_dim=64, lean=lean).train())
+    assert [type(b) for b in models[0].blocks] == [LeanBlock] * 2 and [type(b) for b in models[1].blocks] == [Block] * 2
+    states = [m.state_dict() for m in models]
+    assert states[0].keys() == states[1].keys() and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    x = torch.randn(4, 1, 16, 16)
+    losses = [m(x).logsumexp(-1).mean() for m in models]
+    grads = [torch.autograd.grad(loss, list(m.parameters())) for loss, m in zip(losses, models, strict=True)]
+    assert torch.allclose(*losses, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*grads, strict=True))
 
 
 def test_vit_returns_attention_per_layer():
     model = ViT(16, 1, 10, patch=4, dim=32, depth=3, heads=2, mlp_dim=64).eval()
     logits, attns = model(torch.randn(2, 1, 16, 16), return_attn=True)
     assert logits.shape == (2, 10) and len(attns) == 3 and attns[0].shape == (2, 2, 17, 17)
-    assert torch.allclose(model(torch.zeros(2, 1, 16, 16)), model(torch.zeros(2, 1, 16, 16), return_attn=True)[0], atol=1e-5)
+    x = torch.zeros(2, 1, 16, 16)
+    assert torch.allclose(model(x), model(x, return_attn=True)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, key", [(dict(patch=5), "model.patch=5"), (dict(heads=3), "model.heads=3")])

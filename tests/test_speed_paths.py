@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from src.data.augment import flip_crop
 from src.data.loader import Loader
 from src.models.cnn import WidthCNN
-from src.models.layers import Attention, Dropout, dropout_keep
+from src.models.layers import Dropout, dropout_keep
+from src.models.lean import LeanBlock
 from src.models.vit import ViT
 from src.optim import build_optimizer
 from src.trainer import _setup_device, autocast_for, train, train_step, use_channels_last
@@ -72,17 +73,18 @@ def test_dropout_on_cuda_is_torchs():
 
 
 def test_cpu_training_attention_path_agrees_with_sdpa(monkeypatch):
-    """CPU training with dropout takes the explicit path; with every element kept it equals SDPA's
-    attention scaled by 1/(1-p) (dropout's scale on the weights and on the projection output)."""
+    """CPU training with dropout takes the lean block's explicit attention; with every element kept it
+    equals SDPA's attention scaled by 1/(1-p) (dropout's scale on the weights and on the projection output)."""
     torch.manual_seed(0)
     p, B, T, D, H = 0.1, 3, 9, 32, 4
-    attn = Attention(dim=D, heads=H, dropout=p).train()
-    x = torch.randn(B, T, D)
-    monkeypatch.setattr("src.models.layers.dropout_keep", lambda t, p: torch.ones_like(t, dtype=torch.bool))
-    explicit, _ = attn(x)
-    q, k, v = attn.qkv(x).reshape(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
+    block = LeanBlock(dim=D, heads=H, mlp_dim=2 * D, dropout=p).train()
+    qkv = torch.randn(B, T, 3 * D, requires_grad=True)
+    for module in ("src.models.layers", "src.models.lean"):
+        monkeypatch.setattr(f"{module}.dropout_keep", lambda t, p: torch.ones_like(t, dtype=torch.bool))
+    explicit = block._attention(qkv)
+    q, k, v = block.attn.split_heads(qkv)
     ref = F.scaled_dot_product_attention(q, k, v) / (1 - p)
-    ref = attn.proj(ref.transpose(1, 2).reshape(B, T, D)) / (1 - p)
+    ref = block.attn.proj(ref.transpose(1, 2).reshape(B, T, D)) / (1 - p)
     assert torch.allclose(explicit, ref, atol=1e-5) and explicit.requires_grad
 
 
@@ -116,7 +118,7 @@ def test_train_step_updates_and_returns_a_detached_loss(precision, grad_clip):
     loss = train_step(model, opt, scaler, autocast_for(cpu, precision), torch.randn(6, 3, 8, 8),
                       torch.randint(0, 4, (6,)), grad_clip=grad_clip)
     assert not loss.requires_grad and loss.dim() == 0 and torch.isfinite(loss)
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 @needs_cuda

@@ -17,7 +17,7 @@ class WidthCNN(nn.Module):
         self.width = width
         c = [in_channels, width, 2 * width, 4 * width]
         layers = []
-        for c_in, c_out in zip(c[:-1], c[1:]):
+        for c_in, c_out in zip(c[:-1], c[1:], strict=True):
             layers += [nn.Conv2d(c_in, c_out, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(2)]
         self.features = nn.Sequential(*layers)
         side = image_size // 2 // 2 // 2  # each pooling floors: 32 -> 4, 28 -> 3

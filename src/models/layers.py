@@ -1,4 +1,6 @@
-"""Transformer building blocks: dropout, patch embedding, attention, MLP, pre-norm block."""
+"""Transformer building blocks: dropout, patch embedding, attention, MLP, pre-norm block (nanoGPT's shape).
+
+The memory-lean CPU training paths of the block live in ``src.models.lean`` (``model.lean``)."""
 from __future__ import annotations
 
 import torch
@@ -33,10 +35,16 @@ class _MaskedScale(torch.autograd.Function):
         return (grad * keep).mul_(ctx.scale), None, None
 
 
-def _eager_cpu(x: torch.Tensor) -> bool:
-    """The fast CPU dropout paths are for eager mode: under ``torch.compile`` inductor generates its
-    own fused RNG (and ``random_`` would break the graph)."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+def under_torch_func(x: torch.Tensor) -> bool:
+    """True inside ``torch.func`` transforms (the stacked members' ``vmap``); never traced by dynamo."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(x)
+
+
+def eager_cpu(x: torch.Tensor) -> bool:
+    """The fast CPU paths are for plain eager mode: under ``torch.compile`` inductor generates its own
+    fused RNG (and ``random_`` would break the graph); under ``torch.func`` transforms custom autograd
+    functions and in-place draws do not apply."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and not under_torch_func(x)
 
 
 class Dropout(nn.Dropout):
@@ -44,105 +52,9 @@ class Dropout(nn.Dropout):
     eval paths are ``F.dropout``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or not _eager_cpu(x) or not 0.0 < self.p < 1.0:
+        if not self.training or not eager_cpu(x) or not 0.0 < self.p < 1.0:
             return super().forward(x)
         return _MaskedScale.apply(x, dropout_keep(x, self.p), 1.0 / (1.0 - self.p))
-
-
-def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, has_bias: bool):
-    """Gradients of ``F.linear(inp, weight, bias)``: (input, weight, bias or None), the last two in the
-    weight's dtype (under autocast ``grad`` and ``inp`` may be bf16)."""
-    g2 = grad.reshape(-1, grad.shape[-1])
-    grad_w = (g2.t() @ inp.reshape(-1, inp.shape[-1]).to(g2.dtype)).to(weight.dtype)
-    grad_b = g2.sum(0).to(weight.dtype) if has_bias else None
-    return grad @ weight.to(grad.dtype), grad_w, grad_b
-
-
-class _DropAttention(torch.autograd.Function):
-    """dropout(softmax(q k^T / sqrt(d))) @ v that saves only q, k, v (views of the fused QKV output), the
-    probabilities and the boolean keep-mask; the dropped probabilities are recomputed in backward.
-
-    Autograd through the explicit ops also keeps contiguous copies of q and k and the dropped
-    probabilities: for the default CIFAR-10 ViT at batch 128 that is 33 MiB more per block.
-    """
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-        scale, inv_keep = q.shape[-1] ** -0.5, 1.0 / (1.0 - p)
-        probs = (q @ k.transpose(-2, -1)).mul_(scale).float().softmax(dim=-1).to(v.dtype)
-        keep = dropout_keep(probs, p)
-        out = (probs * keep).mul_(inv_keep) @ v
-        ctx.save_for_backward(q, k, v, probs, keep)
-        ctx.scale, ctx.inv_keep = scale, inv_keep
-        return out
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, grad: torch.Tensor):
-        q, k, v, probs, keep = ctx.saved_tensors
-        grad_v = ((probs * keep).mul_(ctx.inv_keep)).transpose(-2, -1) @ grad
-        grad_p = (grad @ v.transpose(-2, -1)).mul_(keep).mul_(ctx.inv_keep)
-        grad_s = grad_p.sub_((grad_p * probs).sum(dim=-1, keepdim=True)).mul_(probs).mul_(ctx.scale)  # softmax bwd
-        return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, None
-
-
-class _GeluDropLinear(torch.autograd.Function):
-    """linear(dropout(gelu(a))) that saves ``a`` and the keep-mask, not the dropped activations: the
-    MLP's hidden layer is the widest tensor of a block, and recomputing GELU in backward is cheap."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
-    def forward(ctx, a: torch.Tensor, keep: torch.Tensor, inv_keep: float, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-        h = F.gelu(a).mul_(keep).mul_(inv_keep)
-        ctx.save_for_backward(a, keep, weight)
-        ctx.inv_keep, ctx.has_bias = inv_keep, bias is not None
-        return F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype))
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, grad: torch.Tensor):
-        a, keep, weight = ctx.saved_tensors
-        h = F.gelu(a).mul_(keep).mul_(ctx.inv_keep)
-        grad_h, grad_w, grad_b = _linear_backward(grad, h, weight, ctx.has_bias)
-        grad_h.mul_(keep).mul_(ctx.inv_keep)
-        return torch.ops.aten.gelu_backward(grad_h, a), None, None, grad_w, grad_b
-
-
-class _LayerNormLinear(torch.autograd.Function):
-    """linear(layer_norm(x)) that saves ``x`` and the normalisation statistics, not the normalised
-    activations (recomputed in backward): a pre-norm block's LayerNorm already keeps ``x``, so this
-    drops one (B, T, dim) tensor per norm from the saved activations."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
-    def forward(ctx, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
-                weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y, mean, rstd = torch.native_layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
-        ctx.save_for_backward(x, mean, rstd, ln_weight, ln_bias, weight)
-        ctx.has_bias = bias is not None
-        return F.linear(y, weight, bias)
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, grad: torch.Tensor):
-        x, mean, rstd, ln_weight, ln_bias, weight = ctx.saved_tensors
-        y = (x - mean).mul_(rstd).mul_(ln_weight).add_(ln_bias)
-        grad_y, grad_w, grad_b = _linear_backward(grad, y, weight, ctx.has_bias)
-        del y
-        grad_y = grad_y.to(x.dtype)
-        grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
-            grad_y, x, [x.shape[-1]], mean, rstd, ln_weight, ln_bias, [True, True, True])
-        return grad_x, grad_lw, grad_lb, None, grad_w, grad_b
-
-
-def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> torch.Tensor:
-    """``linear(norm(x))``; eager CPU training takes the memory-lean :class:`_LayerNormLinear`."""
-    lean = norm.training and torch.is_grad_enabled() and norm.weight is not None and norm.bias is not None
-    if lean and _eager_cpu(x):
-        return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
-    return linear(norm(x))
 
 
 class PatchEmbed(nn.Module):
@@ -161,9 +73,9 @@ class Attention(nn.Module):
     """Multi-head self-attention: one fused QKV projection and ``F.scaled_dot_product_attention``.
 
     ``forward(x, return_attn=True)`` takes an explicit softmax(QK^T/sqrt(d)) path that also returns
-    the attention weights (for attention maps); all paths compute the same output. CPU training with
-    dropout (eager) takes :class:`_DropAttention`: there SDPA falls back to its math kernel with the
-    slow Bernoulli, and the explicit path with :class:`Dropout` was ~1.6x faster (fwd+bwd, measured).
+    the attention weights (for attention maps), also taken under ``torch.func`` transforms (stacked
+    members), where SDPA has no batching rule; both paths compute the same output. The memory-lean
+    CPU training path (``src.models.lean``) reuses :meth:`split_heads` and :meth:`merge_heads`.
     """
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0):
@@ -176,27 +88,23 @@ class Attention(nn.Module):
         self.attn_drop = Dropout(dropout)  # on the attention weights, explicit path only
         self.attn_dropout = dropout
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
-        return self.attend(self.qkv(x), return_attn)
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, 3 * dim) -> q, k, v, each (B, heads, T, head_dim)."""
+        B, T = qkv.shape[0], qkv.shape[1]
+        return qkv.reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def attend(self, qkv: torch.Tensor, return_attn: bool = False):
-        """Attention from the fused QKV projection (B, T, 3 * dim); returns (output, weights or None)."""
-        B, T, D = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        qkv = qkv.reshape(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (B, heads, T, head_dim)
-        if return_attn:
-            attn = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, heads, T, T)
-            attn = attn.float().softmax(dim=-1)
-            out = self.attn_drop(attn.to(v.dtype)) @ v
-        elif self.training and 0 < self.attn_dropout < 1 and _eager_cpu(q):
-            attn = None
-            out = _DropAttention.apply(q, k, v, self.attn_dropout)
-        else:
-            attn = None
-            p = self.attn_dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, heads, T, head_dim)
-        out = out.transpose(1, 2).reshape(B, T, D)
-        return self.proj_drop(self.proj(out)), attn
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, heads, T, head_dim) -> the projected output (B, T, dim)."""
+        B, _, T, _ = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim)))
+
+    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v = self.split_heads(self.qkv(x))  # each (B, heads, T, head_dim)
+        if return_attn or under_torch_func(q):  # SDPA has no vmap batching rule
+            attn = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).float().softmax(dim=-1)  # (B, heads, T, T)
+            return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn if return_attn else None
+        p = self.attn_dropout if self.training else 0.0
+        return self.merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p)), None
 
 
 class MLP(nn.Module):
@@ -208,20 +116,12 @@ class MLP(nn.Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.from_hidden(self.fc1(x))
-
-    def from_hidden(self, a: torch.Tensor) -> torch.Tensor:
-        """The MLP after ``fc1``: dropout(fc2(dropout(act(a))))."""
-        p = self.drop.p
-        exact_gelu = isinstance(self.act, nn.GELU) and self.act.approximate == "none"
-        if self.training and 0 < p < 1 and exact_gelu and _eager_cpu(a):
-            keep = dropout_keep(a, p)
-            return self.drop(_GeluDropLinear.apply(a, keep, 1.0 / (1.0 - p), self.fc2.weight, self.fc2.bias))
-        return self.drop(self.fc2(self.drop(self.act(a))))
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
+    ``src.models.lean.LeanBlock`` is the same block with memory-lean CPU training paths."""
 
     def __init__(self, dim: int, heads: int, mlp_dim: int, dropout: float = 0.0):
         super().__init__()
@@ -230,7 +130,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False):
-        y, attn = self.attn.attend(norm_linear(x, self.norm1, self.attn.qkv), return_attn)
+    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attn)
         x = x + y
-        return x + self.mlp.from_hidden(norm_linear(x, self.norm2, self.mlp.fc1)), attn
+        return x + self.mlp(self.norm2(x)), attn

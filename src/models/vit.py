@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from src.models.layers import Block, Dropout, PatchEmbed
+from src.models.lean import LeanBlock
 
 
 def check_vit_shape(image_size: int, patch: int, dim: int, heads: int) -> None:
@@ -42,6 +43,7 @@ class ViT(nn.Module):
         stem: nn.Module | None = None,
         stem_channels: int | None = None,
         stem_stride: int = 1,
+        lean: bool = True,
     ):
         super().__init__()
         grid_input = image_size // stem_stride
@@ -53,7 +55,8 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, dim))
         self.pos_drop = Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, dropout) for _ in range(depth))
+        block = LeanBlock if lean else Block  # same parameters; LeanBlock saves less on CPU (src/models/lean.py)
+        self.blocks = nn.ModuleList(block(dim, heads, mlp_dim, dropout) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         self.init_weights()
@@ -93,7 +96,7 @@ def conv_stem(in_channels: int, channels: int, stride: int) -> nn.Sequential:
         raise ValueError(f"model.stem_stride={stride} must be 1, 2, 4 or 8")
     layers, c_in, s = [], in_channels, 1
     widths = [channels // 2] * max(1, stride.bit_length() - 1) + [channels]
-    for i, c_out in enumerate(widths):
+    for c_out in widths:
         step = 2 if s < stride else 1
         layers += [nn.Conv2d(c_in, c_out, 3, step, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
         c_in, s = c_out, s * step

@@ -1,0 +1,110 @@
+"""Grid mode: one study grid through Hydra's basic launcher and through `hydra/launcher=vectorized`.
+
+    python benchmarks/grid.py                                   # the CPU target: 36 cnn runs on MNIST
+    python benchmarks/grid.py --grid model.width=1,2 label_noise=none,p10 seed=0,1 --epochs 3
+    python benchmarks/grid.py --modes basic vectorized stacked  # stacked = stack=always
+
+Each mode runs the same multirun (`python -m src.train -m ...`, progress bars off) in its own sweep dir
+under ``--out``, one mode after the other. Printed per mode: wall time, summed training images/s (all
+runs' training images / wall time), the ratio of wall times against the basic launcher, peak memory
+(resident set of the whole process tree, sampled every 0.1 s) and the largest difference of every run's
+final test error and train loss from the basic launcher's run of the same config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ["model=cnn", "model.width=1,2,4,8", "label_noise=none,p10,p20", "seed=0,1,2"]
+DATA = ["dataset=mnist", f"dataset.root={ROOT.parent / 'shared' / 'data' / 'mnist.npz'}", "dataset.n_train=4096"]
+MODES = {"basic": [], "vectorized": ["hydra/launcher=vectorized"],
+         "stacked": ["hydra/launcher=vectorized", "hydra.launcher.stack=always"]}
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in ``root`` and all its descendants (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier and p not in tree]
+        tree.update(kids)
+        frontier = kids
+    total = 0
+    for pid in tree:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def run_mode(name: str, args: argparse.Namespace) -> dict:
+    out = Path(args.out) / name
+    cmd = [sys.executable, "-m", "src.train", "-m", *args.grid, *args.data, f"trainer.max_epochs={args.epochs}",
+           "trainer.progress=false", "trainer.device=cpu", "trainer.checkpoint=false", f"hydra.sweep.dir={out}",
+           *MODES[name], *args.extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start, peak = time.perf_counter(), 0
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log: list[str] = []
+    reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    reader.join()
+    if proc.returncode:
+        sys.exit(f"{name}: exit {proc.returncode}\n{''.join(log[-40:])}")
+    runs = {}
+    for d in sorted(out.iterdir()):
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            key = (d / ".hydra" / "overrides.yaml").read_text()
+            runs[key] = s
+    images = sum(s["steps"] * args.batch for s in runs.values())
+    return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", nargs="+", default=GRID, help="sweep overrides (the grid)")
+    p.add_argument("--data", nargs="+", default=DATA, help="dataset overrides")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch", type=int, default=128, help="trainer.batch_size the config uses (for images/s)")
+    p.add_argument("--modes", nargs="+", default=["basic", "vectorized"], choices=list(MODES))
+    p.add_argument("--extra", nargs="*", default=[], help="more overrides for every mode")
+    p.add_argument("--out", default=str(ROOT / "outputs" / "bench_grid"))
+    args = p.parse_args()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"{cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
+    print(f"grid: {' '.join(args.grid)} | {' '.join(args.data)} | {args.epochs} epochs {' '.join(args.extra)}")
+    results = [run_mode(m, args) for m in args.modes]
+    base = results[0]
+    for r in results:
+        diffs = [max(abs(s["test_error"] - base["runs"][k]["test_error"]),
+                     abs(s["train_loss"] - base["runs"][k]["train_loss"])) for k, s in r["runs"].items()]
+        print(f"{r['name']:>10}: {len(r['runs'])} runs in {r['wall']:7.1f} s | {r['images_per_s']:8.0f} train images/s"
+              f" | {base['wall'] / r['wall']:5.2f}x {base['name']} | peak RSS {r['peak'] / 2**30:5.2f} GiB"
+              f" | max |diff| vs {base['name']} (test error, train loss) {max(diffs):.2e}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

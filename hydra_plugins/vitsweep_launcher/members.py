@@ -1,0 +1,38 @@
+"""Jobs of one stacked group as Hydra jobs: each member gets its run dir, `.hydra/` files and job logging
+from Hydra's own ``run_job`` (with a task that only records its config and run dir), then all train at
+once (``src.stacked.train_members``) and each ``JobReturn`` gets its member's objective, or its exception
+(``optuna.TrialPruned`` for a pruned trial, as ``src/train.py`` raises). Hydra's job callbacks see
+``on_job_end`` before the training, not after."""
+
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, run_job
+from omegaconf import DictConfig
+
+
+def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobReturn]:
+    from src.stacked import train_members
+    from src.trial import make_reporter
+
+    captured: list[tuple[DictConfig, str]] = []
+
+    def record(task_cfg: DictConfig) -> None:
+        captured.append((task_cfg, HydraConfig.get().runtime.output_dir))
+
+    rets = [run_job(hydra_context=hydra_context, task_function=record, config=cfg, job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir") for cfg in configs]
+    reporters = [make_reporter(cfg) if cfg.get("trial") else None for cfg, _ in captured]
+    results = train_members([c for c, _ in captured], [d for _, d in captured], reporters)
+    for ret, result, reporter in zip(rets, results, reporters, strict=True):
+        if isinstance(result, BaseException):
+            ret.return_value, ret.status = result, JobStatus.FAILED
+        elif reporter is not None and result["stop_reason"] == "pruned":
+            import optuna
+
+            ret.return_value = optuna.TrialPruned(f"pruned at epoch {result['epochs']} with "
+                                                  f"{result['objective_name']} {result['objective']}")
+            ret.status = JobStatus.FAILED
+        else:
+            ret.return_value, ret.status = result["objective"], JobStatus.COMPLETED
+    return rets

@@ -1,0 +1,216 @@
+"""The vectorized launcher's pool: worker processes (spawn context) that pull units of work as they free
+up. A unit is one job (run through Hydra's ``run_job``, as the basic launcher does) or a group of jobs
+trained as one stacked model (``src.stacked``). Each worker writes everything it prints to
+``<sweep dir>/.launcher/worker-<k>.log``; the launching process prints one line per finished run.
+"""
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+_WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
+
+
+def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    setup_globals()
+    config = launcher.config
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    log_dir = sweep_dir / ".launcher"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    configs = []
+    for i, overrides in enumerate(job_overrides):
+        cfg = launcher.hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
+        configs.append(cfg)
+    gpus = _visible_gpus(configs[0])
+    units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
+    sweepers = int(OmegaConf.select(config, "hydra.sweeper.n_workers", default=1) or 1)  # vitsweep's workers
+    cores = max(1, _cpu_count() // sweepers)  # each of the sweeper's worker processes has its own pool
+    n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
+    threads = 0 if gpus else max(1, cores // n_procs)
+    stacked = sum(len(u) for u in units if len(u) > 1)
+    log.info(f"Launching {len(configs)} jobs on {n_procs} worker process(es) "
+             + ("(one GPU each)" if gpus else f"({threads} torch thread(s) each)")
+             + (f", {stacked} of them stacked in {sum(len(u) > 1 for u in units)} group(s)" if stacked else "")
+             + f"; worker logs in {log_dir}")
+    for cfg, overrides in zip(configs, job_overrides, strict=True):
+        log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
+    results: dict[int, JobReturn] = {}
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results)
+    for unit in broken:  # a worker died and took these with it: each again alone, so only a killer fails
+        launcher.pool[2].shutdown()
+        launcher.pool = None
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, final=True)
+    return [results[initial_job_idx + i] for i in range(len(configs))]
+
+
+def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
+    """The launcher's worker pool, kept across batches (a sweeper launching trial after trial pays the
+    workers' start-up once) unless it has fewer workers than this batch needs."""
+    key = (tuple(gpus), log_dir)
+    old = getattr(launcher, "pool", None)
+    if old is not None and old[0] == key and old[1] >= n_procs:
+        return old[2]
+    if old is not None:
+        old[2].shutdown()
+    ctx = mp.get_context("spawn")
+    slots = ctx.Queue()
+    for k in range(n_procs):
+        slots.put(k)
+    payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
+    pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
+                               initargs=(slots, payload, threads, gpus, log_dir))
+    launcher.pool = (key, n_procs, pool)
+    return pool
+
+
+def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[DictConfig],
+              results: dict[int, JobReturn], final: bool = False) -> list[list[int]]:
+    """Run the units, filling ``results`` by job number; returns the units lost to a dead worker (their
+    jobs fail with that error when ``final``)."""
+    broken = []
+    futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
+    for fut in as_completed(futures):
+        try:
+            done = fut.result()
+        except Exception as e:  # a worker died (killed, out of memory), or the unit failed outside its jobs
+            if isinstance(e, BrokenProcessPool) and not final:
+                broken.append(futures[fut])
+                continue
+            exc = RuntimeError(f"worker process died: {e}") if isinstance(e, BrokenProcessPool) else e
+            done = [(configs[i].hydra.job.num, _failed(exc), 0.0, -1) for i in futures[fut]]
+        for idx, ret, seconds, slot in done:
+            results[idx] = ret
+            _log_finished(ret, idx, seconds, slot, len(results), len(configs))
+    return broken
+
+
+def _log_finished(ret: JobReturn, idx: int, seconds: float, slot: int, n_done: int, n_all: int) -> None:
+    if ret.status == JobStatus.COMPLETED:
+        value = ret.return_value
+        outcome = f"objective {value:.4g}" if isinstance(value, float) else f"returned {value!r}"
+    else:
+        exc = ret._return_value
+        outcome = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
+    overrides = " ".join(filter_overrides(ret.overrides or []))
+    log.info(f"[{n_done}/{n_all}] #{idx} {outcome} in {seconds:.1f} s (worker {slot}) {overrides}")
+
+
+def _failed(exc: BaseException) -> JobReturn:
+    ret = JobReturn()
+    ret.return_value, ret.status = exc, JobStatus.FAILED
+    return ret
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _visible_gpus(cfg: DictConfig) -> list[str]:
+    """CUDA device ids the jobs train on (empty when they train on CPU): from `trainer.device`."""
+    device = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    if device.startswith("cuda:"):
+        return [device.split(":", 1)[1]]
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in env.split(",") if d.strip()] if env else []
+    return ids[: torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
+
+
+def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: str) -> list[list[int]]:
+    """Positions of the jobs to run together: one list per unit, in job order of their first member."""
+    if stack == "never" or max_members == 1 or (stack == "auto" and device != "cuda") or len(configs) < 2:
+        return [[i] for i in range(len(configs))]
+    from src.stacked import plan_groups
+
+    return plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
+
+
+def _task_cfg(cfg: DictConfig) -> dict:
+    """The job's config without the hydra node, unresolved (grouping compares the keys as written)."""
+    out = OmegaConf.to_container(cfg, resolve=False)
+    out.pop("hydra", None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- worker side
+def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str) -> None:
+    slot = slots.get()
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+    fd = os.open(Path(log_dir) / f"worker-{slot}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)  # everything this process prints (job logs, progress bars) goes to its own file
+    os.dup2(fd, 2)
+    os.close(fd)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    hydra_context, task_function, state = cloudpickle.loads(payload)
+    setup_globals()
+    Singleton.set_state(state)
+    _WORKER.update(slot=slot, hydra_context=hydra_context, task_function=task_function)
+    print(f"worker {slot} (pid {os.getpid()}): {threads or 'default'} torch thread(s)"
+          + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
+
+
+def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+    start = time.perf_counter()
+    if len(configs) == 1:
+        rets = [_run_job(configs[0], _WORKER["task_function"])]
+    else:
+        from .members import run_member_jobs
+
+        print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
+        rets = run_member_jobs(configs, _WORKER["hydra_context"])
+    seconds = time.perf_counter() - start
+    out = []
+    for cfg, ret in zip(configs, rets, strict=True):
+        if ret.status == JobStatus.FAILED:
+            exc = ret._return_value
+            print(f"job #{cfg.hydra.job.num} failed:\n" + "".join(traceback.format_exception(exc)), flush=True)
+            ret.return_value = _picklable(exc)
+            ret.status = JobStatus.FAILED
+        out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
+    return out
+
+
+def _run_job(cfg: DictConfig, task_function: Any) -> JobReturn:
+    print(f"job #{cfg.hydra.job.num}: {' '.join(filter_overrides(cfg.hydra.overrides.task))}", flush=True)
+    return run_job(hydra_context=_WORKER["hydra_context"], task_function=task_function, config=cfg,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """The job's exception if it survives pickling (so sweepers see e.g. optuna.TrialPruned), else a
+    RuntimeError carrying its type, message and traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")

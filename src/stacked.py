@@ -1,0 +1,265 @@
+"""Stacked members: several runs that differ only in member keys train as one model with ``torch.func``.
+
+Each member is a real run: ``src.trainer``'s set-up (or resume) builds its ``RunState`` exactly as a
+single run's, so initial weights, data subset, label noise, batch order and augmentation draws are the
+single run's by construction. Its parameters then become views into stacked tensors (one leading member
+dimension, ``torch.func.stack_module_state``); one ``vmap`` of ``functional_call`` over the one model
+definition computes every member's loss on its own batch, one backward gives each member the gradients
+of its own loss, and each member's own optimizer (own state, learning rate, weight decay, gradient
+clipping) steps its parameters in place. Stop rules, evaluation, pruning, checkpoints and summaries are
+the single run's, per member; a member that stops (converged, pruned, non-finite loss) is finalised and
+leaves the stack while the others go on. Losses and gradients of different members never mix, so a NaN
+in one member never touches another.
+
+Dropout under ``vmap`` draws a different mask per member (``randomness="different"``) from the global
+generator, so with dropout a member's masks differ from its single run's: same distribution, other draws.
+Models with BatchNorm (running statistics updated in place) and fp16 runs (one GradScaler per run) run alone.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
+
+from src.records import writable_run_dir
+from src.run_state import RunState, plain_config
+from src.trainer import already_stopped, finish, prepare_resume, record_evaluation, resume, summarise
+from src.validate import check_config
+
+MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay", "trial")
+STACKABLE_MODELS = ("src.models.cnn.WidthCNN", "src.models.vit.ViT")
+Reporter = Callable[[float, int], bool]
+
+
+def _without(cfg: Mapping[str, Any], keys: Sequence[str]) -> dict:
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
+    for key in keys:
+        head, _, leaf = key.partition(".")
+        if leaf and isinstance(out.get(head), dict):
+            out[head].pop(leaf, None)
+        elif not leaf:
+            out.pop(head, None)
+    return out
+
+
+def why_not_stackable(cfg: Mapping[str, Any]) -> str | None:
+    """None when a run of ``cfg`` can train stacked; else the reason, naming the key."""
+    target = cfg["model"]["_target_"]
+    if target not in STACKABLE_MODELS:
+        return f"model._target_={target} cannot stack (BatchNorm or not a study model): stacked are {STACKABLE_MODELS}"
+    if cfg["trainer"].get("precision") == "fp16":
+        return "trainer.precision=fp16 cannot stack (one GradScaler per run): use bf16 or fp32"
+    if cfg["trainer"].get("compile"):
+        return "trainer.compile=true cannot stack: the stacked step is eager"
+    return None
+
+
+def plan_groups(cfgs: Sequence[Mapping[str, Any]], max_members: int, strict: bool) -> list[list[int]]:
+    """Positions of the jobs to train together (one list per unit, singles included, in job order of
+    their first member): jobs whose configs agree on every key but ``MEMBER_KEYS``, cut to ``max_members``.
+    ``strict`` (``stack=always``) raises for a config that cannot stack instead of running it alone."""
+    groups: dict[str, list[int]] = {}
+    units: list[list[int]] = []
+    for i, cfg in enumerate(cfgs):
+        reason = why_not_stackable(cfg)
+        if reason:
+            if strict:
+                raise ValueError(f"hydra.launcher.stack=always: {reason}; use stack=auto or never")
+            units.append([i])
+            continue
+        key = repr(sorted(_without(cfg, MEMBER_KEYS).items()))
+        if key not in groups or len(groups[key]) == max_members:
+            groups[key] = []
+            units.append(groups[key])
+        groups[key].append(i)
+    return units
+
+
+class MemberStack:
+    """The members' parameters stacked along a leading member dimension; each member's parameters are
+    views into it, so its own optimizer updates the stack in place."""
+
+    def __init__(self, states: Sequence[RunState]):
+        self.states = list(states)
+        models = [s.model for s in self.states]
+        self.params, self.buffers = stack_module_state(models)
+        for k, model in enumerate(models):
+            for name, p in model.named_parameters():
+                p.data = self.params[name][k]
+        self.base = models[0]  # the one model definition: functional_call swaps the stacked tensors in
+
+    def _loss(self, params: dict, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        smoothing = self.states[0].cfg["trainer"].get("label_smoothing", 0.0)
+        logits = functional_call(self.base, (params, self.buffers), (x,))
+        return F.cross_entropy(logits, y, weight=weight, label_smoothing=smoothing)
+
+    def step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One optimizer step of every member on its own batch; returns the members' losses (detached)."""
+        params = {n: p.detach().requires_grad_() for n, p in self.params.items()}
+        x = torch.stack([b[0] for b in batches])
+        y = torch.stack([b[1] for b in batches])
+        weights = None  # each member's own class weights (from its own training subset), when the data has them
+        if self.states[0].class_weights is not None:
+            weights = torch.stack([s.class_weights for s in self.states])
+        self.base.train()
+        with self.states[0].autocast:
+            losses = vmap(self._loss, in_dims=(0, 0, 0, None if weights is None else 0), randomness="different")(
+                params, x, y, weights)
+        losses.sum().backward()  # members share no parameter: each gets the gradient of its own loss
+        for k, s in enumerate(self.states):
+            for name, p in s.model.named_parameters():
+                p.grad = params[name].grad[k]
+            for group in s.optimizer.param_groups:
+                group["lr"] = s.schedule(s.step)
+            clip = s.cfg["trainer"].get("grad_clip")
+            if clip:
+                torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip)
+            s.optimizer.step()
+            s.optimizer.zero_grad(set_to_none=True)
+            s.step += 1
+        return losses.detach()
+
+    def release(self) -> None:
+        """Give every member its own parameter storage again (before it is saved or leaves the stack)."""
+        for s in self.states:
+            for p in s.model.parameters():
+                p.data = p.data.clone()
+
+
+class _Member:
+    """One stacked run's progress through its current epoch."""
+
+    def __init__(self, state: RunState, reporter: Reporter | None):
+        self.state, self.reporter = state, reporter
+        self.batches = None  # iterator over the current epoch's batches
+        self.images, self.epoch_start = 0, 0.0
+        self.loss_sum = torch.zeros((), device=state.device)
+
+    def next_batch(self):
+        s = self.state
+        if self.batches is None:
+            if s.epoch_done:
+                s.epoch, s.epoch_done = s.epoch + 1, False
+            s.model.train()
+            self.batches, self.images, self.epoch_start = iter(s.train_loader), 0, s.wall_s()
+            self.loss_sum = torch.zeros((), device=s.device)
+        return next(self.batches, None)
+
+    def end_epoch(self, reason: str | None, pbar) -> str | None:
+        """The single run's end of epoch (``src.trainer.run_loop``): time, NaN check, stop rules, evaluation."""
+        s, epoch_time = self.state, self.state.wall_s() - self.epoch_start
+        s.train_time += epoch_time
+        s.epoch_done = reason is None
+        self.batches = None
+        if reason is None and not math.isfinite(self.loss_sum.item()):
+            return "nonfinite_loss"
+        reason = reason or s.rules.after_epoch(s.epoch)
+        if s.rules.should_evaluate(s.epoch, reason is not None):
+            later = record_evaluation(s, self.images, epoch_time, self.reporter if reason is None else None, pbar)
+            reason = reason or later
+        return reason
+
+
+def _save(s: RunState) -> None:
+    """The single run's end-of-epoch checkpoint; the model's tensors are copied out of the stack (a view
+    would save every member's storage)."""
+    t = s.cfg["trainer"]
+    every = int(t.get("checkpoint_every", 1)) if t.get("checkpoint", True) else 0
+    if every and s.epoch % every == 0:
+        state = s.state_dict()
+        state["model"] = {k: v.clone() for k, v in state["model"].items()}
+        s.recorder.checkpoint(state)
+
+
+def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, str]:
+    """One step of every member (ending and starting epochs as they come); returns members that stopped."""
+    stopped, batches = {}, {}
+    for k, m in members.items():
+        batch = m.next_batch()
+        if batch is None:  # the epoch is over: evaluate, maybe stop, else save and start the next one
+            reason = m.end_epoch(None, pbar)
+            if reason:
+                stopped[k] = reason
+                continue
+            _save(m.state)
+            batch = m.next_batch()
+        batches[k] = batch
+    if stopped:
+        return stopped
+    losses = stack.step([batches[k] for k in members])
+    pbar.update()
+    for (k, m), loss in zip(members.items(), losses, strict=True):
+        s = m.state
+        m.loss_sum += loss
+        m.images += len(batches[k][1])
+        log_every = int(s.cfg["trainer"].get("log_every", 50))
+        finite = s.step % log_every or math.isfinite(m.loss_sum.item())  # sync point, as in a single run
+        reason = s.rules.after_step(s.step, s.wall_s()) if finite else "nonfinite_loss"
+        if reason:
+            stopped[k] = reason if reason == "nonfinite_loss" else m.end_epoch(reason, pbar)
+    return stopped
+
+
+def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None]) -> dict[int, dict]:
+    """Train the set-up members together until each stops; returns each member's summary."""
+    members = {k: _Member(s, reporters.get(k)) for k, s in states.items()}
+    summaries: dict[int, dict] = {}
+    for s in states.values():
+        s.started = time.perf_counter()
+    first = next(iter(states.values()))
+    with tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
+              disable=not first.cfg["trainer"].get("progress", True), leave=False, mininterval=30.0) as pbar:
+        stack = MemberStack([m.state for m in members.values()])
+        while members:
+            stopped = _tick(members, stack, pbar)
+            if stopped:  # finalise them and go on with the others
+                stack.release()
+                for k, reason in stopped.items():
+                    summaries[k] = finish(members.pop(k).state, reason)
+                if members:
+                    stack = MemberStack([m.state for m in members.values()])
+    return summaries
+
+
+def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
+                  reporters: Sequence[Reporter | None] | None = None) -> list[dict | BaseException]:
+    """Train runs that ``plan_groups`` put together as one stacked model, each into its own run dir.
+    Returns per run its summary dict (as ``src.trainer.train``) or the exception that ended it."""
+    reporters = reporters or [None] * len(cfgs)
+    results: list[dict | BaseException | None] = [None] * len(cfgs)
+    states: dict[int, RunState] = {}
+    for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
+        try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
+            cfg = plain_config(cfg)
+            check_config(cfg)
+            run_dir = writable_run_dir(run_dir)
+            found, done = prepare_resume(cfg, run_dir)
+            if done is not None:
+                results[k] = done
+                continue
+            state = resume(cfg, run_dir, found)
+            if already_stopped(state):
+                results[k] = finish(state, state.stop_reason)  # killed after its final checkpoint
+                continue
+            states[k] = state
+        except Exception as e:  # this member fails alone
+            results[k] = e
+    if states:
+        try:
+            results_by_member = run_members(states, {k: reporters[k] for k in states})
+        except Exception as e:  # the stacked step itself failed: every member still training records it
+            for k, s in states.items():
+                if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
+                    s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
+                results[k] = e
+        else:
+            for k, summary in results_by_member.items():
+                results[k] = summary
+    return results

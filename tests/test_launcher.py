@@ -1,0 +1,122 @@
+"""`hydra/launcher=vectorized`: worker processes behind Hydra's basic sweeper and the vitsweep sweeper."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from optuna.trial import TrialState
+
+from hydra_plugins.vitsweep_launcher.launcher import VectorizedLauncher
+from tests.conftest import ROOT, TINY
+from tests.test_sweeper import APP, load, run
+
+LAUNCH = ["hydra/launcher=vectorized", "hydra.launcher.n_procs=2"]
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m src.train ...` from the repo root."""
+    return subprocess.run([sys.executable, "-m", "src.train", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def app(tmp_path, *overrides, check=True):
+    return run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *LAUNCH, *overrides], cwd=tmp_path, check=check)
+
+
+@pytest.mark.parametrize("kwargs, key", [({"n_procs": 0}, "hydra.launcher.n_procs=0"),
+                                         ({"max_members": 0}, "hydra.launcher.max_members=0"),
+                                         ({"stack": "sometimes"}, "hydra.launcher.stack='sometimes'")])
+def test_bad_keys_fail_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace("[", r"\[")):
+        VectorizedLauncher(**kwargs)
+
+
+def test_bad_key_stops_the_multirun_before_any_job(tmp_path):
+    done = app(tmp_path, "hydra/sweeper=basic", "x=1,2", "hydra.launcher.stack=sometimes", check=False)
+    assert done.returncode != 0 and "hydra.launcher.stack='sometimes' must be one of auto, always, never" \
+        in done.stderr
+    assert not (tmp_path / "0").exists()
+
+
+def test_basic_sweeper_gets_returns_in_job_order_and_a_failed_job_raises(tmp_path):
+    """A failing job fails the multirun like the basic launcher does; the other jobs still ran, each
+    in its own run dir, and every finished run got one line."""
+    done = app(tmp_path, "hydra/sweeper=basic", "x=1,2,3", "fail=false,true", "hydra.launcher.n_procs=8",
+               check=False)
+    assert done.returncode != 0 and "planted failure" in done.stderr
+    assert "Launching 6 jobs on 6 worker process(es)" in done.stdout  # n_procs=8, cut to the jobs
+    lines = [line for line in done.stdout.splitlines() if "] #" in line and "(worker " in line]
+    assert len(lines) == 6, done.stdout[-3000:]
+    assert sum("FAILED RuntimeError: planted failure" in line for line in lines) == 3
+    for k in range(6):
+        overrides = (tmp_path / str(k) / ".hydra" / "overrides.yaml").read_text()
+        assert f"x={k // 2 + 1}" in overrides and f"fail={'True' if k % 2 else 'False'}" in overrides
+        assert (tmp_path / str(k) / "summary.json").is_file() == (k % 2 == 0)
+    assert len(list((tmp_path / ".launcher").glob("worker-*.log"))) == 6
+
+
+def test_more_processes_than_jobs_uses_fewer(tmp_path):
+    done = app(tmp_path, "hydra/sweeper=basic", "x=1,2", "hydra.launcher.n_procs=8")
+    assert "Launching 2 jobs on 2 worker process(es)" in done.stdout
+    assert [json.loads((tmp_path / k / "summary.json").read_text())["objective"] for k in "01"] == [1.0, 4.0]
+
+
+def test_vitsweep_sweeper_trials_prune_and_fail_through_the_pool(tmp_path):
+    """n_jobs trials at a time; a TrialPruned raised in a worker reaches Optuna as PRUNED and a planted
+    failure as FAIL, as with the basic launcher."""
+    app(tmp_path, "x=choice(0,1)", "bad=choice(true,false)", "y=choice(0,1)", "epochs=4",
+        "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=4",
+        "hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=2", "hydra.sweeper.n_trials=8")
+    study = load(tmp_path)
+    states = [t.state for t in study.trials]
+    assert len(states) == 8 and TrialState.PRUNED in states, states
+    for t in study.trials:
+        if t.state == TrialState.COMPLETE:
+            assert t.value == t.params["x"] ** 2 + t.params["y"] ** 2 + (100.0 if t.params["bad"] else 0.0)
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    app(failed, "x=choice(0,1)", "fail=true", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.max_failure_rate=1.0")
+    assert [t.state for t in load(failed).trials] == [TrialState.FAIL] * 2
+    assert "planted failure" in load(failed).trials[0].user_attrs["error"]
+
+
+def test_training_grid_matches_the_basic_launcher(tmp_path):
+    """The same 4-run grid through both launchers: identical results, run by run."""
+    grid = ["model=cnn", "model.width=1,2", "seed=0,1", *[o for o in TINY if not o.startswith("model.")]]
+    results = {}
+    for name, launcher in (("basic", []), ("vectorized", LAUNCH)):
+        out = tmp_path / name
+        done = run_cli("-m", *grid, *launcher, f"hydra.sweep.dir={out}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[name] = [json.loads((out / str(k) / "summary.json").read_text()) for k in range(4)]
+    for a, b in zip(results["basic"], results["vectorized"], strict=True):
+        assert (a["test_error"], a["train_loss"], a["params"]) == (b["test_error"], b["train_loss"], b["params"])
+
+
+def test_stack_auto_groups_members_on_cuda_only():
+    """`auto` stacks where it pays (CUDA), not on CPU, where it measured no faster than processes."""
+    from hydra_plugins.vitsweep_launcher.pool import plan_units
+    from tests.conftest import compose_cfg
+
+    cfgs = [compose_cfg(["model=cnn", f"seed={s}"]) for s in (0, 1, 2)]
+    assert plan_units(cfgs, "auto", 16, "cpu") == [[0], [1], [2]]
+    assert plan_units(cfgs, "auto", 16, "cuda") == [[0, 1, 2]] == plan_units(cfgs, "always", 16, "cpu")
+    assert plan_units(cfgs, "never", 16, "cuda") == [[0], [1], [2]] == plan_units(cfgs, "always", 1, "cuda")
+
+
+def test_a_worker_that_dies_fails_its_jobs_with_a_clear_error(tmp_path):
+    """A job that kills its worker process (as the kernel's OOM killer would) fails, naming the cause; the
+    jobs the dead worker took with it run again, so only the killer fails."""
+    (tmp_path / "app.py").write_text(
+        "import os\nimport hydra\n\n\n@hydra.main(version_base='1.3', config_path=None)\n"
+        "def main(cfg):\n    if cfg.x == 2:\n        os._exit(3)\n    return cfg.x\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    done = run([tmp_path / "app.py", "-m", "+x=2,1,3", *LAUNCH, "hydra.launcher.n_procs=1",
+                f"hydra.sweep.dir={tmp_path / 'out'}"], cwd=tmp_path, check=False)
+    assert done.returncode != 0 and "worker process died" in done.stderr
+    lines = sorted(line.split("] ", 2)[2] for line in done.stdout.splitlines() if "(worker " in line)
+    assert len(lines) == 3 and lines[0].startswith("#0 FAILED RuntimeError: worker process died"), lines
+    assert lines[1].startswith("#1 returned 1 ") and lines[2].startswith("#2 returned 3 "), lines

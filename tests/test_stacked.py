@@ -1,0 +1,123 @@
+"""Stacked members (src/stacked.py): the same runs as alone, trained as one model with torch.func."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from src.run_state import setup
+from src.stacked import MemberStack, plan_groups, train_members
+from src.trainer import train, train_step
+from tests.conftest import TINY, compose_cfg
+from tests.test_launcher import run_cli
+
+CNN = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith("model.")]]
+VIT = [*TINY, "model.dropout=0.0"]
+MEMBERS = [["seed=0"], ["seed=1", "label_noise=p20"], ["seed=2", "optimizer.lr=3e-3", "optimizer.weight_decay=0.1"],
+           ["seed=0", "label_noise=p10", "optimizer.lr=5e-4"]]
+
+
+def plain(*overrides: str) -> dict:
+    return OmegaConf.to_container(compose_cfg(list(overrides)), resolve=True)
+
+
+def batches(state):
+    """The run's batches epoch after epoch, as its loader draws them."""
+    while True:
+        yield from state.train_loader
+
+
+def single_losses(cfg: dict, steps: int) -> list[float]:
+    s = setup(cfg, None)
+    out = []
+    for xb, yb in itertools.islice(batches(s), steps):
+        for group in s.optimizer.param_groups:
+            group["lr"] = s.schedule(len(out))
+        out.append(train_step(s.model, s.optimizer, s.scaler, s.autocast, xb, yb,
+                              grad_clip=cfg["trainer"].get("grad_clip")).item())
+    return out
+
+
+def stacked_losses(cfgs: list[dict], steps: int) -> list[list[float]]:
+    states = [setup(cfg, None) for cfg in cfgs]
+    stack = MemberStack(states)
+    streams = [batches(s) for s in states]
+    return torch.stack([stack.step([next(b) for b in streams]) for _ in range(steps)]).T.tolist()
+
+
+@pytest.mark.parametrize("base", [CNN, VIT, [*CNN, "trainer.grad_clip=0.05"]], ids=["cnn", "vit", "cnn-clip"])
+def test_members_match_their_single_runs_for_50_steps(base):
+    """Own seed, label noise, lr and weight decay per member: every member's loss at each of the first
+    50 steps equals its single run's within 1e-4 relative."""
+    cfgs = [plain(*base, *m, "dataset.n_train=300") for m in MEMBERS]
+    stacked = stacked_losses(cfgs, 50)
+    for k, cfg in enumerate(cfgs):
+        alone = torch.tensor(single_losses(cfg, 50))
+        rel = ((torch.tensor(stacked[k]) - alone).abs() / alone.abs()).max().item()
+        print(f"{base[0]} member {k} ({' '.join(MEMBERS[k])}): max relative loss difference {rel:.2e}")
+        assert rel < 1e-4, (k, rel)
+
+
+def test_groups_by_member_keys_cut_to_max_members_and_unstackable_models_alone():
+    cfgs = [plain(*CNN, f"seed={s}", f"label_noise={n}") for n in ("none", "p10") for s in (0, 1, 2)]
+    cfgs += [plain(*CNN, "model.width=4", "seed=0"), plain("model=cnn_vgg", *CNN[2:])]
+    assert plan_groups(cfgs, 16, strict=False) == [[0, 1, 2, 3, 4, 5], [6], [7]]
+    assert plan_groups(cfgs, 4, strict=False) == [[0, 1, 2, 3], [4, 5], [6], [7]]
+    with pytest.raises(ValueError, match=r"stack=always: model._target_=src.models.cnn.VGGCNN cannot stack"):
+        plan_groups(cfgs, 16, strict=True)
+
+
+def test_a_diverging_member_stops_alone_and_the_others_finish_as_single_runs(tmp_path):
+    """lr=1e30 makes one member's loss non-finite: it ends `nonfinite_loss`, the others' summaries
+    and metrics rows equal those of their single runs."""
+    extra = ["trainer.max_epochs=3", "trainer.log_every=1", "trainer.checkpoint=true"]
+    members = (["seed=0"], ["seed=1", "optimizer.lr=1e30"], ["seed=2", "label_noise=p20"])
+    cfgs = [plain(*CNN, *extra, *m) for m in members]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
+    assert results[1]["stop_reason"] == "nonfinite_loss" and results[1]["status"] == "failed"
+    for k in (0, 2):
+        alone = train(cfgs[k], tmp_path / f"alone{k}")
+        assert results[k]["stop_reason"] == alone["stop_reason"] == "max_epochs"
+        assert results[k]["test_error"] == pytest.approx(alone["test_error"], abs=0.02)
+        assert results[k]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
+        assert results[k].keys() == alone.keys()
+        rows = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in (f"m{k}", f"alone{k}")]
+        assert len(rows[0]) == len(rows[1]) == 3
+        ckpt = torch.load(tmp_path / f"m{k}" / "checkpoint.pt", weights_only=True)
+        assert ckpt["epoch"] == 3 and ckpt["model"].keys() == torch.load(
+            tmp_path / f"alone{k}" / "checkpoint.pt", weights_only=True)["model"].keys()
+        assert sum(v.numel() for v in ckpt["model"].values()) == results[k]["params"]  # no other member's weights
+
+
+def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
+    """Through the launcher: one stacked group of four jobs, each a complete run dir under the contract."""
+    done = run_cli("-m", *CNN, "seed=0,1", "label_noise=none,p10", "hydra/launcher=vectorized",
+                   "hydra.launcher.stack=always", "hydra.launcher.n_procs=1", f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4 of them stacked in 1 group(s)" in done.stdout
+    for k in range(4):
+        run = tmp_path / str(k)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and (run / ".hydra" / "config.yaml").is_file()
+        assert summary["seed"] == k // 2 and len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    bad = run_cli("-m", "model=cnn_vgg", *CNN[2:], "seed=0,1", "hydra/launcher=vectorized",
+                  "hydra.launcher.stack=always", f"hydra.sweep.dir={tmp_path / 'bad'}")
+    assert bad.returncode != 0 and "model._target_=src.models.cnn.VGGCNN cannot stack" in bad.stderr
+
+
+def test_members_resume_per_run_dir(tmp_path):
+    """A finished member is not retrained; raising max_epochs continues each member from its checkpoint."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    cfgs = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=2", f"seed={s}") for s in (0, 1)]
+    first = train_members(cfgs, dirs)
+    keys = ("epochs", "steps", "wall_s", "test_error", "train_loss")
+    again = train_members(cfgs, dirs)  # both finished: their summaries come back, nothing is retrained
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in first]
+    longer = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=3", f"seed={s}") for s in (0, 1)]
+    again = train_members(longer, dirs)
+    for d, summary in zip(dirs, again, strict=True):
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == [1, 2, 3] and summary["epochs"] == 3 and summary["steps"] == 12
