@@ -32,6 +32,7 @@ demo: install
 	@cat $(DEMO_DIR)/report/tables/results.md
 
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-all: install

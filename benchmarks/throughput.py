@@ -177,9 +177,21 @@ def peak_rss_mib(children: bool = False) -> float:
     return resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
 
 
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+
+
+def _cuda_peak_mib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def _adamw_kind(optimizer: torch.optim.Optimizer) -> str:
+    return next((k for k in ("fused", "foreach") if optimizer.defaults.get(k)), "default")
+
+
 def load() -> str:
     try:
-        return "load %.2f %.2f %.2f" % os.getloadavg()
+        return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         return "load n/a"
 
@@ -187,7 +199,8 @@ def load() -> str:
 # ----------------------------------------------------------------------------- config and data
 def compose(args, n_train: int | None = None) -> dict:
     """The real config through Hydra's compose API, with the benchmark's sizes."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     over = [f"model={args.model}", f"trainer.batch_size={args.batch}", f"optimizer.lr={args.lr}",
@@ -287,7 +300,7 @@ def time_path(path, warmup: int, steps: int, batch: int) -> dict:
 # ----------------------------------------------------------------------------- modes
 def header(args, device: torch.device) -> None:
     print(f"# vitsweep throughput | torch {torch.__version__} | {platform.processor() or platform.machine()} | "
-          f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'})"
+          f"device {device} ({_device_name(device)})"
           f" | {load()}")
     if device.type == "cpu":
         print(f"# CPU native bf16 (AVX512-BF16/AMX): {cpu_has_fast_bf16()}")
@@ -321,7 +334,6 @@ def throughput(args) -> dict:
                                                        for k, (v, n) in peaks.items()))
 
     results = {}
-    rss_before = peak_rss_mib()
     ours = VitsweepPath(cfg, precision, compile_model)
     print(f"data: {len(ours.data.y_train)} training images {tuple(ours.data.image_shape)}")
     xb, yb = next(iter(ours.loader))
@@ -329,10 +341,10 @@ def throughput(args) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     r = time_path(ours, args.warmup + (2 if compile_model else 0), args.steps, args.batch)
-    r.update(rss=peak_rss_mib(), cuda=torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None)
+    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device))
     results["vitsweep"] = r
     settings = (f"precision {precision}, compile {'on' if compile_model else 'off'}, channels_last "
-                f"{'on' if ours.channels_last else 'off'}, AdamW {'fused' if ours.optimizer.defaults.get('fused') else 'foreach' if ours.optimizer.defaults.get('foreach') else 'default'}")
+                f"{'on' if ours.channels_last else 'off'}, AdamW {_adamw_kind(ours.optimizer)}")
     del ours
 
     data = build_data(cfg["dataset"], args.seed)  # host copies for the tutorial's PIL dataset
@@ -341,7 +353,7 @@ def throughput(args) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     r = time_path(base, args.warmup, args.steps, args.batch)
-    r.update(rss=peak_rss_mib(), cuda=torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device),
              workers_rss=peak_rss_mib(children=True))
     results["baseline"] = r
     del base
@@ -358,7 +370,8 @@ def throughput(args) -> dict:
             mem += f" (+ workers {r['workers_rss']:.0f} MiB)"
         if r["cuda"] is not None:
             mem += f", CUDA max allocated {r['cuda']:.0f} MiB"
-        print(f"{label}: {r['images_per_s']:8.1f} images/s | {r['step_s'] * 1e3:7.1f} ms/step | {gflops:6.1f} GFLOP/s = "
+        print(f"{label}: {r['images_per_s']:8.1f} images/s | {r['step_s'] * 1e3:7.1f} ms/step | "
+              f"{gflops:6.1f} GFLOP/s = "
               f"{gflops / peaks['fp32'][0]:.0%} of fp32 peak, {gflops / peaks['bf16'][0]:.0%} of bf16 peak | "
               f"data wait {r['data_wait']:.1%} of step time | {mem}")
     ratio = results["vitsweep"]["images_per_s"] / results["baseline"]["images_per_s"]
@@ -400,7 +413,8 @@ def scaling(args) -> dict:
     precision = resolve_precision(args.precision, device)
     compile_model = compile_setting(args, device)
     rows = []
-    print(f"model {args.model} | batch {args.batch} | precision {precision} | one epoch per size, after 3 warm-up steps")
+    print(f"model {args.model} | batch {args.batch} | precision {precision} | "
+          "one epoch per size, after 3 warm-up steps")
     print("  n_train  epoch_s  images/s")
     for n in args.sizes:
         cfg = compose(args, n_train=n)
@@ -427,14 +441,16 @@ def scaling(args) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="vit", help="any conf/model/NAME.yaml (vit, cnn, cnn_vgg, resnet18, hybrid_vit)")
     p.add_argument("--npz", help="CIFAR-10 .npz (x_train, y_train, ...); synthetic images when omitted")
     for key in VIT_KEYS:
         p.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"ViT {key} (default: conf/model)")
     p.add_argument("--width", type=int, help="cnn width C1 (default: conf/model/cnn.yaml)")
     p.add_argument("--dropout", type=float, help="model dropout (default: conf/model)")
-    p.add_argument("--augment", help="none | flip_crop | resized_crop | translate (default: resized_crop for ViTs, else flip_crop)")
+    p.add_argument("--augment",
+                   help="none | flip_crop | resized_crop | translate (default: resized_crop for ViTs, else flip_crop)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--steps", type=int, default=10, help="timed steps per path")
@@ -449,7 +465,8 @@ def parse_args(argv=None):
     p.add_argument("--check", action="store_true", help="bf16 vs fp32 loss curves")
     p.add_argument("--check-steps", type=int, default=300)
     p.add_argument("--scaling", action="store_true", help="epoch time vs n_train with a linear fit")
-    p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=[1000, 2000, 5000, 10000, 20000, 50000])
+    p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
+                   default=[1000, 2000, 5000, 10000, 20000, 50000])
     return p.parse_args(argv)
 
 

@@ -45,7 +45,7 @@ def encode_jpeg_lossless_sv1(arr: np.ndarray, precision: int) -> bytes:
     # one Huffman table: every category 0..16 has a 5-bit code equal to its value
     value, nbits = 0, 0
     out = bytearray()
-    for d, s in zip(diff.tolist(), ssss.tolist()):
+    for d, s in zip(diff.tolist(), ssss.tolist(), strict=True):
         code, length = s, 5
         if 0 < s < 16:
             extra = d if d > 0 else d + (1 << s) - 1
@@ -86,8 +86,15 @@ def write_dicom(path: str | Path, img: np.ndarray, bits: int = 12, photometric: 
     """
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.encaps import encapsulate
-    from pydicom.uid import (JPEG2000, ExplicitVRLittleEndian, JPEG2000Lossless, JPEGLosslessSV1, JPEGLSLossless,
-                             RLELossless, generate_uid)
+    from pydicom.uid import (
+        JPEG2000,
+        ExplicitVRLittleEndian,
+        JPEG2000Lossless,
+        JPEGLosslessSV1,
+        JPEGLSLossless,
+        RLELossless,
+        generate_uid,
+    )
 
     top = 2**bits - 1
     display = img[:, ::-1] if laterality == "R" else img  # right breasts have the chest wall on the right
@@ -189,5 +196,6 @@ if __name__ == "__main__":  # python -m tests.dicom_fixtures OUT [N_PATIENTS]: a
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/rsna_synthetic")
-    table = make_rsna_tree(out, n_patients=int(sys.argv[2]) if len(sys.argv) > 2 else 24, positives=tuple(range(1, 24, 4)))
+    n_patients = int(sys.argv[2]) if len(sys.argv) > 2 else 24
+    table = make_rsna_tree(out, n_patients=n_patients, positives=tuple(range(1, 24, 4)))
     print(f"wrote {len(table)} CSV rows under {out} (train.csv, train_images/), one truncated file and one missing")

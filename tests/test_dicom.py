@@ -11,8 +11,7 @@ pydicom = pytest.importorskip("pydicom", reason="needs the dicom extra: pip inst
 
 from src.data import mammo  # noqa: E402
 from src.data.dicom import MissingDecoderError, preprocess, read_dicom  # noqa: E402
-from tests.dicom_fixtures import (SQUARE_COLS, SQUARE_ROWS, available_syntaxes, make_rsna_tree,  # noqa: E402
-                                  phantom, write_dicom)
+from tests.dicom_fixtures import SQUARE_COLS, SQUARE_ROWS, available_syntaxes, make_rsna_tree, phantom, write_dicom  # noqa: E402
 
 SIZE = 32  # output pixels: small keeps the suite fast
 
@@ -161,14 +160,14 @@ def test_patient_level_split_and_skip_report(tree, tmp_path):
     assert _mapped_file(s.x_test.data_ptr()).endswith("images.npy")
 
     skipped = pd.read_csv(s.info["skipped_csv"])
-    reasons = dict(zip(skipped["path"].str.rsplit("/", n=1).str[-1], skipped["reason"]))
+    reasons = dict(zip(skipped["path"].str.rsplit("/", n=1).str[-1], skipped["reason"], strict=True))
     assert set(reasons) == {"900001.dcm", "900002.dcm"} and reasons["900002.dcm"] == "file not found"
     assert "could not be decoded" in reasons["900001.dcm"] and s.info["skipped"] == 2
     # rows keep their labels through the reordering
-    labels = dict(zip(table["image_id"].astype(str) + ".dcm", table["cancer"]))
+    labels = dict(zip(table["image_id"].astype(str) + ".dcm", table["cancer"], strict=True))
     paths = np.load(f"{s.info['cache_dir']}/paths.npy")
     y_all = np.concatenate([s.y_train, s.y_val, s.y_test])
-    assert all(labels[p.rsplit("/", 1)[-1]] == y for p, y in zip(paths, y_all))
+    assert all(labels[p.rsplit("/", 1)[-1]] == y for p, y in zip(paths, y_all, strict=True))
 
     with pytest.raises(RuntimeError, match=r"2 of 34 DICOM images .*max_skip_fraction=0.01.*skipped.csv"):
         _load(root, tmp_path, max_skip_fraction=0.01)  # same cache, stricter threshold
@@ -226,7 +225,8 @@ def test_csv_errors_name_the_problem(tree, tmp_path):
 
 def test_dicom_folder_with_string_labels(tree, tmp_path):
     root, table = tree
-    csv = pd.DataFrame({"file": [f"train_images/{p}/{i}.dcm" for p, i in zip(table.patient_id, table.image_id)],
+    files = [f"train_images/{p}/{i}.dcm" for p, i in zip(table.patient_id, table.image_id, strict=True)]
+    csv = pd.DataFrame({"file": files,
                         "finding": np.where(table.cancer == 1, "malignant", "benign"), "pid": table.patient_id})
     csv.to_csv(tmp_path / "labels.csv", index=False)
     s = mammo.load_dicom_folder(root, str(tmp_path / "labels.csv"), "file", "finding", patient_column="pid",

@@ -12,8 +12,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.test_sweeper import ROOT
 from hydra_plugins.vitsweep_sweeper import _study as st
+from tests.test_sweeper import ROOT
 from tests.test_sweeper_faults import LIVENESS, wait_for
 
 pytestmark = pytest.mark.faults
