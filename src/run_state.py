@@ -210,7 +210,8 @@ def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tenso
     info = {"params": params, "device": str(device), "precision": precision, "seed": int(cfg["seed"]),
             "model": cfg["model"]["_target_"].rsplit(".", 1)[-1], "dataset": cfg["dataset"]["name"],
             "n_train": len(data.y_train), "noisy_label_fraction": flipped.float().mean().item(),
-            "objective_name": objective, "objective_direction": objective_direction(objective), **data.info}
+            "objective_name": objective, "objective_direction": objective_direction(objective),
+            "chance_train_error": chance_error(data.y_train), **data.info}
     trial = cfg.get("trial") or {}
     if trial:
         info.update(study_name=trial.get("study_name"), trial_number=trial.get("number"))
@@ -223,6 +224,11 @@ def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tenso
 def plain_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """A composed config as a resolved plain dict (what checkpoints store and compare)."""
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def chance_error(labels: torch.Tensor) -> float:
+    """Error of always predicting the commonest of ``labels`` (the training labels, noisy ones included)."""
+    return 1.0 - torch.bincount(labels).max().item() / max(len(labels), 1)
 
 
 def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> RunState:
@@ -256,7 +262,7 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
         step_model=compile_model(model) if t.get("compile") else model, optimizer=optimizer,
         scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
         autocast=autocast_for(device, precision), train_loader=train_loader, eval_loaders=eval_loaders,
-        train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t),
+        train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance_error(data.y_train)),
         recorder=RunRecorder(run_dir) if run_dir is not None else None, objective_name=objective,
         info=_summary_info(cfg, data, flipped, params, device, precision, objective),
         class_weights=data.class_weights.to(device) if data.class_weights is not None else None)

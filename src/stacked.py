@@ -7,7 +7,7 @@ dimension, ``torch.func.stack_module_state``); one ``vmap`` of ``functional_call
 definition computes every member's loss on its own batch, one backward gives each member the gradients
 of its own loss, and each member's own optimizer (own state, learning rate, weight decay, gradient
 clipping) steps its parameters in place. Stop rules, evaluation, pruning, checkpoints and summaries are
-the single run's, per member; a member that stops (converged, pruned, non-finite loss) is finalised and
+the single run's, per member; a member that stops (converged, stalled, pruned, non-finite loss) is finalised and
 leaves the stack while the others go on. Losses and gradients of different members never mix, so a NaN
 in one member never touches another.
 

@@ -1,7 +1,7 @@
 """When a run stops: step, epoch and wall-time limits and convergence of the train error, in one small object.
 
 The trainer asks after every step, after every epoch and after every evaluation; each question returns
-a stop reason (``max_steps``, ``max_wall``, ``max_epochs``, ``converged``) or None. Pruning, a
+a stop reason (``max_steps``, ``max_wall``, ``max_epochs``, ``converged``, ``stalled``) or None. Pruning, a
 non-finite loss and interruption are the trainer's own reasons. The convergence history is part of the
 run's checkpoint (``state_dict``), so a resumed run converges exactly when an uninterrupted one would.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # may be raised on resume to train longer
-FINAL_REASONS = ("converged", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
+FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
 
 
 @dataclass
@@ -27,6 +27,11 @@ class StopRules:
     ``converge_epochs`` epochs whatever ``eval_every`` is, which needs at least
     ceil(converge_epochs / eval_every) + 1 evaluations: with eval_every=1 the earliest stop is at epoch
     converge_epochs + 1, with (eval_every, converge_epochs) = (2, 3) at epoch 6, (5, 12) at epoch 20.
+
+    Stalled: a train error that stops moving within ``stalled_margin`` of ``chance_error`` (the error of
+    always predicting the commonest training label) is a model that did not learn, not one that converged:
+    the reason is then ``stalled``, which the trainer records as a failed run, so a sweep counts it as a
+    failure and the analysis leaves it out of means instead of averaging a run stuck at chance into a curve.
     """
 
     max_epochs: int | None = None
@@ -35,13 +40,17 @@ class StopRules:
     converge_epochs: int | None = None
     converge_tol: float = 0.0
     eval_every: int = 1
+    chance_error: float | None = None  # train error of always predicting the commonest training label
+    stalled_margin: float | None = 0.01  # None: never call a run stalled
     history: list[tuple[int, float]] = field(default_factory=list)  # (epoch, train error) per evaluation
 
     @classmethod
-    def from_config(cls, t: Mapping[str, Any]) -> StopRules:
+    def from_config(cls, t: Mapping[str, Any], chance_error: float | None = None) -> StopRules:
+        margin = t.get("stalled_margin", 0.01)
         return cls(max_epochs=t.get("max_epochs"), max_steps=t.get("max_steps"), max_wall_s=t.get("max_wall_s"),
                    converge_epochs=t.get("converge_epochs"), converge_tol=float(t.get("converge_tol") or 0.0),
-                   eval_every=int(t.get("eval_every") or 1))
+                   eval_every=int(t.get("eval_every") or 1), chance_error=chance_error,
+                   stalled_margin=None if margin is None else float(margin))
 
     def after_step(self, step: int, wall_s: float) -> str | None:
         if self.max_steps and step >= self.max_steps:
@@ -59,7 +68,15 @@ class StopRules:
 
     def after_eval(self, epoch: int, train_error: float) -> str | None:
         self.history.append((epoch, float(train_error)))
-        return "converged" if self.converged() else None
+        if not self.converged():
+            return None
+        return "stalled" if self.at_chance(train_error) else "converged"
+
+    def at_chance(self, train_error: float) -> bool:
+        """True when ``train_error`` is within ``stalled_margin`` of always predicting the commonest label."""
+        if self.chance_error is None or self.stalled_margin is None:
+            return False
+        return train_error >= self.chance_error - self.stalled_margin
 
     def converged(self) -> bool:
         if not self.converge_epochs or not self.history:

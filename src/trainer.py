@@ -41,7 +41,8 @@ from src.validate import check_config
 log = logging.getLogger(__name__)
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
 _setup_device = setup_device  # the name tests/test_speed_paths.py imports
-STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "max_wall": "stopped",
+STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "stalled": "failed",
+          "max_wall": "stopped",
           "pruned": "stopped", "interrupted": "stopped", "nonfinite_loss": "failed", "error": "failed"}
 SUMMARY_METRICS = ("train_loss", "train_error", "train_acc", "train_loss_clean", "train_error_clean",
                    "train_error_noisy_subset", "val_loss", "val_error", "val_acc", "test_loss", "test_error",
@@ -191,7 +192,14 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary.update({k: row[k] for k in SUMMARY_METRICS if k in row})
     summary.update({k: v for k, v in row.items() if k.split("_", 1)[-1] in BINARY_SUFFIXES})
     summary.update(state.best)
-    summary["objective"] = metric(state, state.objective_name) if reason != "nonfinite_loss" else math.nan
+    failed = reason in ("nonfinite_loss", "stalled")
+    summary["objective"] = math.nan if failed else metric(state, state.objective_name)
+    if reason == "stalled" and not error:
+        rules = state.rules
+        error = (f"stalled: train error {row.get('train_error', math.nan):.3f} unchanged over "
+                 f"{rules.converge_epochs} epochs, within {rules.stalled_margin} of always predicting the commonest "
+                 f"label ({rules.chance_error:.3f}): the model did not learn (try another optimizer.lr, "
+                 "scheduler.warmup_epochs or seed; trainer.stalled_margin=null turns this check off)")
     if error:
         summary["error"] = error
     return summary

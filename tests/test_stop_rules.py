@@ -23,6 +23,7 @@ def rows_of(run_dir):
 def test_convergence_fires_for_any_eval_every(tiny_cfg, tmp_path, eval_every, window):
     # A zero learning rate freezes the model, so the train error is constant from the first epoch.
     summary = train(tiny_cfg("trainer.max_epochs=60", f"trainer.converge_epochs={window}", "optimizer.lr=0",
+                             "trainer.stalled_margin=null",
                              f"trainer.eval_every={eval_every}", "dataset.n_train=100"), tmp_path)
     assert summary["stop_reason"] == "converged" and summary["status"] == "completed"
     assert summary["epochs"] == CONVERGENCE[(eval_every, window)]
@@ -96,3 +97,22 @@ def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
 def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog):
     train(tiny_cfg("trainer.max_epochs=2", "+trial.number=0", "+trial.study_name=s"), tmp_path)
     assert caplog.text.count("tuned on the TEST split") == 1
+
+
+def test_a_run_stuck_at_chance_is_stalled_not_converged(tiny_cfg, tmp_path):
+    # A frozen random model (lr 0) predicts near chance: its unchanging train error is no convergence.
+    summary = train(tiny_cfg("trainer.max_epochs=30", "trainer.converge_epochs=2", "optimizer.lr=0",
+                             "dataset.n_train=100"), tmp_path)
+    assert summary["stop_reason"] == "stalled" and summary["status"] == "failed"
+    assert math.isnan(summary["objective"])  # a sweep counts it as a failed trial, not as a measured point
+    assert summary["train_error"] >= summary["chance_train_error"] - 0.01
+    assert "did not learn" in summary["error"] and "trainer.stalled_margin=null" in summary["error"]
+
+
+def test_stalled_needs_the_error_at_chance():
+    rules = StopRules(converge_epochs=2, chance_error=0.887)
+    assert [rules.after_eval(e, 0.893) for e in (1, 2, 3)] == [None, None, "stalled"]
+    rules = StopRules(converge_epochs=2, chance_error=0.887)
+    assert [rules.after_eval(e, 0.0) for e in (1, 2, 3)] == [None, None, "converged"]  # interpolated
+    rules = StopRules(converge_epochs=2, chance_error=0.887, stalled_margin=None)
+    assert [rules.after_eval(e, 0.893) for e in (1, 2, 3)] == [None, None, "converged"]  # check turned off
