@@ -27,7 +27,8 @@ IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_
 IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in (
     "max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol",
     "eval_every", "train_eval_size", "num_threads", "compile", "channels_last")}
-MAX_GROUPS = 12  # curves per figure and rows in the Markdown table (the CSV has them all)
+MAX_GROUPS = 12  # curves per figure (more are illegible)
+MAX_ROWS = 60  # rows per Markdown table (the CSV has them all): every group of a study grid
 
 
 def varied_keys(df: pd.DataFrame) -> list[str]:
@@ -62,8 +63,8 @@ class Report:
         csv, md = write_table(numbers, self.out / "tables" / name, formatted)
         self.files += [csv, md]
         shown = numbers if formatted is None else formatted
-        note = f"\n(first {MAX_GROUPS} of {len(shown)} rows; all in the CSV)\n" if len(shown) > MAX_GROUPS else ""
-        self.add(to_markdown(shown.head(MAX_GROUPS)) + note, f"Data: [{csv.name}](tables/{csv.name})", "")
+        note = f"\n(first {MAX_ROWS} of {len(shown)} rows; all in the CSV)\n" if len(shown) > MAX_ROWS else ""
+        self.add(to_markdown(shown.head(MAX_ROWS)) + note, f"Data: [{csv.name}](tables/{csv.name})", "")
 
     def write(self) -> Path:
         path = self.out / "report.md"

@@ -342,3 +342,17 @@ def test_analysis_imports_nothing_from_src():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n == "src" or n.startswith("src.") for n in names), f"{path.name} imports {names}"
+
+
+def test_report_table_shows_every_group_of_a_study_grid(tmp_path):
+    # 5 widths x 3 noise levels = 15 groups: the Markdown table must not stop at the figures' 12 curves
+    # (the study run found the cut hid exactly the widest, most telling rows).
+    num = 0
+    for width in (1, 2, 4, 8, 16):
+        for noise in (0.0, 0.1, 0.2):
+            write_run(tmp_path / "sweep", num, config(0, width=width, noise=noise), summary(0.1 + width / 100))
+            num += 1
+    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=10)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "first 12 of" not in text
+    assert text.count("| 16 ") >= 3, "the width-16 rows are in the table"
