@@ -25,22 +25,12 @@ from tqdm.auto import tqdm
 from src.checkpoint import check_resumable, move_aside, read_checkpoints
 from src.metrics import evaluate
 from src.records import writable_run_dir
-from src.run_state import (  # noqa: F401 - re-exported: the trainer's public set-up
-    RunState,
-    autocast_for,
-    build_model,
-    compile_model,
-    plain_config,
-    setup,
-    setup_device,
-    use_channels_last,
-)
+from src.run_state import RunState, plain_config, setup
 from src.stop_rules import StopRules
 from src.validate import check_config
 
 log = logging.getLogger(__name__)
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
-_setup_device = setup_device  # the name tests/test_speed_paths.py imports
 STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "stalled": "failed",
           "max_wall": "stopped",
           "pruned": "stopped", "interrupted": "stopped", "nonfinite_loss": "failed", "error": "failed"}
@@ -131,10 +121,11 @@ def train_epoch(state: RunState, stop: StopSignal, pbar) -> tuple[str | None, in
                                state.class_weights, t.get("label_smoothing", 0.0), t.get("grad_clip"))
         state.step, images, batches = state.step + 1, images + len(yb), batches + 1
         pbar.update()
-        if state.step % int(t.get("log_every", 50)) == 0:  # sync point: progress and NaN check
-            if not math.isfinite(loss_sum.item()):
+        if state.step % int(t.get("log_every", 50)) == 0:  # the one sync point: progress and NaN check
+            total = loss_sum.item()
+            if not math.isfinite(total):
                 return "nonfinite_loss", images
-            pbar.set_postfix(epoch=state.epoch, loss=f"{loss_sum.item() / batches:.3f}", refresh=False)
+            pbar.set_postfix(epoch=state.epoch, loss=f"{total / batches:.3f}", refresh=False)
         reason = state.rules.after_step(state.step, state.wall_s()) or ("interrupted" if stop.signum else None)
         if reason:
             return reason, images
@@ -240,25 +231,25 @@ def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[list[tuple[Path,
 
 
 def resume(cfg: dict[str, Any], run_dir: Path, found: list[tuple[Path, dict]]) -> RunState:
-    """A fresh ``setup`` continued from the first checkpoint that loads (or a fresh start, with a warning)."""
-    state = setup(cfg, run_dir)
+    """A fresh ``setup`` continued from the first checkpoint that loads (or a fresh start, with a warning).
+    Each try gets its own ``setup``: a checkpoint that fails half-way leaves the state it touched unusable."""
     for path, ckpt in found:
+        state = setup(cfg, run_dir)
         try:
             state.load_state_dict(ckpt)
-            stale = run_dir / "summary.json"  # the previous start's (interrupted) summary, superseded by this run
-            if stale.exists():
-                stale.replace(run_dir / "summary.previous.json")
-            log.info("resuming %s from %s (epoch %d, step %d)", run_dir, path.name, state.epoch, state.step)
-            return state
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             log.warning("checkpoint %s does not fit this run (%s: %s): trying the previous one", path,
                         type(e).__name__, str(e).splitlines()[0])
-            state = setup(cfg, run_dir)
+            continue
+        stale = run_dir / "summary.json"  # the previous start's (interrupted) summary, superseded by this run
+        if stale.exists():
+            stale.replace(run_dir / "summary.previous.json")
+        log.info("resuming %s from %s (epoch %d, step %d)", run_dir, path.name, state.epoch, state.step)
+        return state
     if found:
         log.warning("no checkpoint in %s fits this run: starting afresh", run_dir)
         move_aside(run_dir)
-        state = setup(cfg, run_dir)
-    return state
+    return setup(cfg, run_dir)
 
 
 def already_stopped(state: RunState) -> bool:

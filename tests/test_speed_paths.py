@@ -17,7 +17,8 @@ from src.models.layers import Dropout, dropout_keep
 from src.models.lean import LeanBlock
 from src.models.vit import ViT
 from src.optim import build_optimizer
-from src.trainer import _setup_device, autocast_for, train, train_step, use_channels_last
+from src.run_state import autocast_for, setup_device, use_channels_last
+from src.trainer import train, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (no GPU on this machine)")
@@ -145,7 +146,7 @@ def test_adamw_is_fused_on_cuda():
 def test_setup_device_sets_threads_on_cpu():
     before = torch.get_num_threads()
     try:
-        _setup_device(torch.device("cpu"), {"num_threads": 1})
+        setup_device(torch.device("cpu"), {"num_threads": 1})
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -153,7 +154,7 @@ def test_setup_device_sets_threads_on_cpu():
 
 @needs_cuda
 def test_setup_device_enables_tf32_and_cudnn_benchmark():
-    _setup_device(torch.device("cuda"), {})
+    setup_device(torch.device("cuda"), {})
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.benchmark
 
 
