@@ -54,6 +54,11 @@ def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> Path:
     return path
 
 
+def load_checkpoint(path: str | Path) -> Any:
+    """One checkpoint file on the CPU, plain tensors and containers only (no code is unpickled)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def read_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict]]:
     """The readable checkpoints of ``run_dir``, newest first. An unreadable one (truncated, not a
     checkpoint, missing keys) is skipped with a warning naming the file."""
@@ -63,7 +68,7 @@ def read_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict]]:
         if not path.is_file():
             continue
         try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = load_checkpoint(path)
             missing = [k for k in REQUIRED if not isinstance(ckpt, dict) or k not in ckpt]
             if missing:
                 raise KeyError(f"no {missing} (not a resumable vitsweep checkpoint)")

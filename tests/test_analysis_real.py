@@ -13,7 +13,7 @@ from PIL import Image
 from analysis import load_history, load_runs
 from analysis.report import make_report
 from src.attention.maps import cls_attention
-from src.attention.tool import attention_maps, load_model, load_test_images
+from src.attention.tool import attention_maps, load_model, load_test_split, normalise
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHES = (2, 4)
@@ -64,7 +64,9 @@ def test_report_on_a_real_multirun(sweep, tmp_path):
 def test_attention_maps_of_a_trained_vit(sweep, patch):
     run_dir = sweep / str(PATCHES.index(patch))
     model, ckpt = load_model(run_dir)
-    x, raw, labels = load_test_images(run_dir, 4, ckpt)
+    raw, labels, _ = load_test_split(run_dir)
+    raw, labels = raw[:4], labels[:4]
+    x = normalise(raw, ckpt)
     c, h, w = ckpt["data"]["image_shape"]
     assert x.shape == (4, c, h, w) and raw.dtype == torch.uint8 and labels.shape == (4,)
     logits, attns = attention_maps(model, x)

@@ -10,15 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-
-def save_figure(fig, out: str | Path) -> Path:
-    """tight_layout, write PNG (parents created), close the figure."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+from analysis.figures import save_figure  # noqa: E402 - one figure writer; analysis never imports src
 
 
 def _show(ax, img: np.ndarray, att: np.ndarray | None = None, title: str = "") -> None:

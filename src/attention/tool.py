@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from src.attention import maps, plots
+from src.checkpoint import load_checkpoint
 
 
 def load_model(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
@@ -22,11 +21,7 @@ def load_model(run_dir: str | Path, device: str = "cpu") -> tuple[torch.nn.Modul
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: expected a finished run dir holding checkpoint.pt "
                                 "(trainer.checkpoint=true, the default)")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        warnings.warn(f"{path}: not loadable with weights_only=True, loading it in full", stacklevel=2)
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+    ckpt = load_checkpoint(path)
     model = instantiate(ckpt["model_cfg"])
     state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}  # torch.compile prefix
     model.load_state_dict(state)
@@ -42,7 +37,7 @@ def check_has_attention(model: torch.nn.Module, target: str = "") -> None:
         )
 
 
-def load_test_split(run_dir: str | Path, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def load_test_split(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """The run's whole test split as built for training (dataset.classes applied): uint8 images, labels,
     class names."""
     from omegaconf import OmegaConf
@@ -50,7 +45,7 @@ def load_test_split(run_dir: str | Path, seed: int | None = None) -> tuple[torch
     from src.data import build_data
 
     cfg = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
-    data = build_data(OmegaConf.to_container(cfg.dataset, resolve=True), int(cfg.seed if seed is None else seed))
+    data = build_data(OmegaConf.to_container(cfg.dataset, resolve=True), int(cfg.seed))
     names = data.classes or [str(i) for i in range(data.num_classes)]
     return data.x_test, data.y_test, names
 
@@ -66,17 +61,10 @@ def normalise(raw: torch.Tensor, ckpt: dict) -> torch.Tensor:
     return (x - mean) / std
 
 
-def load_test_images(run_dir: str | Path, n: int, ckpt: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The first ``n`` test images of the run's dataset: (normalised float, uint8, labels)."""
-    raw, labels, _ = load_test_split(run_dir)
-    raw, labels = raw[:n].clone(), labels[:n].clone()
-    return normalise(raw, ckpt), raw, labels
-
-
 @torch.no_grad()
 def attention_maps(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Logits and one (B, heads, T, T) attention tensor per layer (rows sum to one, CLS first)."""
-    check_has_attention(model)
+    """Logits and one (B, heads, T, T) attention tensor per layer (rows sum to one, CLS first); ``model``
+    must have attention maps (``check_has_attention``)."""
     logits, attns = model(x, return_attn=True)
     return logits, [a.float() for a in attns]
 
@@ -93,16 +81,15 @@ def first_per_class(labels: torch.Tensor, per_class: int) -> torch.Tensor:
 
 @torch.no_grad()
 def summarise(model, raw: torch.Tensor, ckpt: dict, patch_size: int, batch: int = 256, device: str = "cpu"):
-    """Head-mean CLS attention (layers, B, g, g), rollout (B, g, g), predictions (B,) and the mean attention
-    distance (layers, heads) of ``raw`` images, in batches so that the full attention tensors stay small."""
-    cls, roll, preds, dist = [], [], [], 0.0
+    """Head-mean CLS attention (layers, B, g, g), rollout (B, g, g) and the mean attention distance
+    (layers, heads) of ``raw`` images, in batches so that the full attention tensors stay small."""
+    cls, roll, dist = [], [], 0.0
     for i in range(0, len(raw), batch):
-        logits, attns = attention_maps(model, normalise(raw[i:i + batch], ckpt).to(device))
+        _, attns = attention_maps(model, normalise(raw[i:i + batch], ckpt).to(device))
         cls.append(maps.cls_attention(attns).mean(2).cpu())
         roll.append(maps.attention_rollout(attns).cpu())
-        preds.append(logits.argmax(-1).cpu())
-        dist = dist + maps.mean_attention_distance(attns, patch_size).cpu() * len(logits)
-    return torch.cat(cls, 1), torch.cat(roll), torch.cat(preds), dist / len(raw)
+        dist = dist + maps.mean_attention_distance(attns, patch_size).cpu() * len(attns[0])
+    return torch.cat(cls, 1), torch.cat(roll), dist / len(raw)
 
 
 def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bool = False,
@@ -127,7 +114,7 @@ def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bo
 
     idx = first_per_class(labels_all, per_class)
     k = len(names)
-    c_cls, c_roll, _, dist = summarise(model, raw_all[idx], ckpt, patch, device=device)
+    c_cls, c_roll, dist = summarise(model, raw_all[idx], ckpt, patch, device=device)
     lab = labels_all[idx]
     mean_cls, counts = maps.class_means(c_cls.transpose(0, 1), lab, k)  # (K, layers, g, g)
     mean_roll, _ = maps.class_means(c_roll, lab, k)
