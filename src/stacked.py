@@ -139,10 +139,12 @@ class _Member:
     def __init__(self, state: RunState, reporter: Reporter | None):
         self.state, self.reporter = state, reporter
         self.batches = None  # iterator over the current epoch's batches
-        self.images, self.epoch_start = 0, 0.0
-        self.loss_sum = torch.zeros((), device=state.device)
+        self.pending = None  # a batch drawn for a step that did not happen (another member stopped first)
 
     def next_batch(self):
+        if self.pending is not None:
+            batch, self.pending = self.pending, None
+            return batch
         s = self.state
         if self.batches is None:
             if s.epoch_done:
@@ -191,7 +193,9 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
             _save(m.state)
             batch = m.next_batch()
         batches[k] = batch
-    if stopped:
+    if stopped:  # no step this tick: the others keep the batches they drew for it
+        for k, batch in batches.items():
+            members[k].pending = batch
         return stopped
     losses = stack.step([batches[k] for k in members])
     pbar.update()

@@ -121,3 +121,20 @@ def test_members_resume_per_run_dir(tmp_path):
     for d, summary in zip(dirs, again, strict=True):
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         assert [r["epoch"] for r in rows] == [1, 2, 3] and summary["epochs"] == 3 and summary["steps"] == 12
+
+
+def test_a_member_stopping_at_its_epoch_end_costs_the_others_no_batch(tmp_path):
+    """A frozen member (lr 0) stops on the convergence rule at the end of epoch 3 while the other
+    member has already drawn its next epoch's first batch: that batch must still be trained on, so
+    the other member's rows equal its single run's to the end."""
+    extra = ["trainer.max_epochs=6", "trainer.converge_epochs=2", "dataset.n_train=300"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0", "optimizer.lr=1e-2"], ["seed=1", "optimizer.lr=0"])]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    assert results[1]["epochs"] == 3 and results[0]["epochs"] == 6
+    train(cfgs[0], tmp_path / "alone")
+    volatile = ("wall_s", "images_per_s")
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in volatile}
+             for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("m0", "alone")]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]]
+    for got, want in zip(*rows, strict=True):
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-4), got["epoch"]
