@@ -120,3 +120,16 @@ def test_a_worker_that_dies_fails_its_jobs_with_a_clear_error(tmp_path):
     lines = sorted(line.split("] ", 2)[2] for line in done.stdout.splitlines() if "(worker " in line)
     assert len(lines) == 3 and lines[0].startswith("#0 FAILED RuntimeError: worker process died"), lines
     assert lines[1].startswith("#1 returned 1 ") and lines[2].startswith("#2 returned 3 "), lines
+
+
+def test_sweeper_workers_split_the_cores_between_their_pools(tmp_path):
+    """n_workers sweeper processes each get their share of the cores (CPU affinity), and the launcher in
+    each sizes its pool and threads by that share: the machine is not oversubscribed n_workers times."""
+    import os
+
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    app(tmp_path, "hydra.launcher.n_procs=null", "x=choice(0,1,2,3)", "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.n_workers=2", "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4")
+    for log in sorted((tmp_path / "workers").glob("worker-*.log")):
+        text = log.read_text()
+        assert f"on {share} worker process(es) (1 torch thread(s) each)" in text, text[-2000:]

@@ -41,8 +41,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         configs.append(cfg)
     gpus = _visible_gpus(configs[0])
     units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
-    sweepers = int(OmegaConf.select(config, "hydra.sweeper.n_workers", default=1) or 1)  # vitsweep's workers
-    cores = max(1, _cpu_count() // sweepers)  # each of the sweeper's worker processes has its own pool
+    cores = _cpu_count()  # the cores this process may use (a vitsweep sweeper worker is pinned to its share)
     n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
     threads = 0 if gpus else max(1, cores // n_procs)
     stacked = sum(len(u) for u in units if len(u) > 1)

@@ -366,7 +366,7 @@ class SweeperImpl:
                 cmd = self._worker_command(i)
                 out = open(logs / f"worker-{i}.log", "w")
                 procs.append((subprocess.Popen(cmd, env=_worker_env(i, self.n_workers), stdout=out,
-                                               stderr=subprocess.STDOUT), out))
+                                               stderr=subprocess.STDOUT, preexec_fn=_pin(i, self.n_workers)), out))
             log.info(f"Started {self.n_workers} workers; logs in {logs}; worker command: {shlex.join(cmd)}")
             reported = set()
             while any(p.poll() is None for p, _ in procs):
@@ -453,6 +453,21 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
+def _core_share(worker_id: int, n_workers: int) -> set[int]:
+    """The CPU cores of worker i (1-based): every n_workers-th core, or one core when there are fewer."""
+    cores = sorted(os.sched_getaffinity(0))
+    return set(cores[worker_id - 1::n_workers]) or {cores[(worker_id - 1) % len(cores)]}
+
+
+def _pin(worker_id: int, n_workers: int) -> Callable[[], None] | None:
+    """Pin a CPU worker to its share of the cores, so that everything in it (its torch threads, a launcher's
+    process pool sized by the cores it sees) splits that share and no more. None with GPUs (one each)."""
+    if not hasattr(os, "sched_setaffinity") or len(_visible_gpus()) >= 2:
+        return None
+    share = _core_share(worker_id, n_workers)
+    return lambda: os.sched_setaffinity(0, share)
+
+
 def _worker_env(worker_id: int, n_workers: int) -> dict[str, str]:
     """Worker i gets GPU i (round robin) when there are GPUs, else an equal share of the CPU cores."""
     env = dict(os.environ)
@@ -461,7 +476,7 @@ def _worker_env(worker_id: int, n_workers: int) -> dict[str, str]:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[(worker_id - 1) % len(gpus)]
     if len(gpus) < 2:
-        threads = str(max(1, len(os.sched_getaffinity(0)) // n_workers))
+        threads = str(len(_core_share(worker_id, n_workers)))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, threads)
     return env
