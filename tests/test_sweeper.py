@@ -396,3 +396,11 @@ def test_sweep_cli_lists_studies_and_rejects_unknown_names():
     assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 8
     proc = run(["-m", "src.sweep", "nope"], cwd=ROOT, check=False)
     assert proc.returncode != 0 and "available: double_descent_cnn" in proc.stderr
+
+
+def test_a_one_point_grid_completes(tmp_path):
+    """Grid points are enqueued by the sweeper, so Optuna's GridSampler never tags them with a grid id:
+    its after_trial must not run (it raised KeyError 'grid_id' on a one-point grid)."""
+    sweep(tmp_path, "x=choice(3)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=1")
+    (trial,) = load(tmp_path).trials
+    assert trial.state.name == "COMPLETE" and trial.params == {"x": 3}

@@ -156,7 +156,7 @@ class SweeperImpl:
             node["seed"] = st.worker_seed(node["seed"], n_existing, self.worker_id)
         sampler = st.build(OmegaConf.create(node), "sampler")
         if self.is_grid:
-            sampler = sampler(self.grid)
+            sampler = ClaimedGridSampler(self.grid, **sampler.keywords)
         study = optuna.create_study(
             study_name=self.name, storage=self.storage, sampler=sampler, pruner=self.pruner,
             directions=self.directions, load_if_exists=True,
@@ -316,7 +316,7 @@ class SweeperImpl:
         if ret.status == JobStatus.FAILED:
             exc = ret._return_value
             if isinstance(exc, optuna.TrialPruned):
-                _finish(study, trial, state=TrialState.PRUNED)
+                study.tell(trial, state=TrialState.PRUNED)
                 return
             self._fail(study, trial, f"{type(exc).__name__}: {exc}")
             return
@@ -335,11 +335,11 @@ class SweeperImpl:
         if not st.is_finite(values):
             self._fail(study, trial, f"non-finite objective {values}")
             return
-        _finish(study, trial, values=values)
+        study.tell(trial, values=values)
 
     def _fail(self, study: optuna.Study, trial: Trial, error: str) -> None:
         trial.set_user_attr("error", error[:2000])
-        _finish(study, trial, state=TrialState.FAIL)
+        study.tell(trial, state=TrialState.FAIL)
         log.warning(f"Trial {trial.number} failed: {error}")
 
     def _check_failures(self, study: optuna.Study, final: bool) -> bool:
@@ -409,14 +409,13 @@ class SweeperImpl:
         ]
 
 
-def _finish(study: optuna.Study, trial: Trial, **kwargs: Any) -> None:
-    """study.tell, except that GridSampler's "grid exhausted" stop request (meant for study.optimize) is
-    ignored: the trial is stored before it is raised."""
-    try:
-        study.tell(trial, **kwargs)
-    except RuntimeError as e:
-        if "Study.stop" not in str(e):
-            raise
+class ClaimedGridSampler(optuna.samplers.GridSampler):
+    """GridSampler whose points this sweeper places itself (each enqueued under the claim lock, in the
+    study's one order), so its bookkeeping after a trial does not apply: it would look up a grid id that
+    enqueued trials never get, and ask study.optimize to stop."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def _suggest(trial: Trial, name: str, dist: Any) -> None:
