@@ -232,7 +232,7 @@ class VitsweepPath:
     def __init__(self, cfg: dict, precision: str, compile_model: bool):
         cfg = {**cfg, "trainer": {**cfg["trainer"], "precision": precision, "compile": compile_model}}
         state = setup(cfg, run_dir=None)
-        self.device, self.precision, self.data = state.device, precision, state.data
+        self.device, self.data = state.device, state.data
         self.channels_last = state.train_loader.channels_last
         self.model, self.step_model, self.optimizer = state.model, state.step_model, state.optimizer
         self.autocast, self.scaler, self.loader = state.autocast, state.scaler, state.train_loader

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from src.stop_rules import LIMITS
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint.prev.pt"
@@ -23,8 +25,8 @@ REQUIRED = ("model", "optimizer", "config", "epoch", "step", "rng", "loader", "r
 RECORD_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, PREVIOUS)
 # Keys that may differ between a checkpoint's config and a resumed start: stop limits (raise them to
 # train longer) and keys that change how a run is executed or reported, not what it computes.
-RUNTIME_KEYS = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_wall_s", "trainer.num_threads",
-                "trainer.progress", "trainer.log_every", "trainer.resume", "trainer.checkpoint",
+RUNTIME_KEYS = (*(f"trainer.{k}" for k in LIMITS), "trainer.num_threads", "trainer.progress",
+                "trainer.log_every", "trainer.resume", "trainer.checkpoint",
                 "trainer.checkpoint_every", "trial", "hydra")
 
 

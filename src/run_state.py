@@ -109,7 +109,6 @@ class RunState:
 
     cfg: dict
     device: torch.device
-    precision: str
     data: DataSplits
     model: torch.nn.Module
     model_cfg: dict
@@ -206,12 +205,12 @@ def build_loaders(cfg: Mapping[str, Any], data: DataSplits, y_clean: torch.Tenso
 
 
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
-                  device: torch.device, precision: str, objective: str) -> dict[str, Any]:
+                  device: torch.device, precision: str, objective: str, chance: float) -> dict[str, Any]:
     info = {"params": params, "device": str(device), "precision": precision, "seed": int(cfg["seed"]),
             "model": cfg["model"]["_target_"].rsplit(".", 1)[-1], "dataset": cfg["dataset"]["name"],
             "n_train": len(data.y_train), "noisy_label_fraction": flipped.float().mean().item(),
             "objective_name": objective, "objective_direction": objective_direction(objective),
-            "chance_train_error": chance_error(data.y_train), **data.info}
+            "chance_train_error": chance, **data.info}
     trial = cfg.get("trial") or {}
     if trial:
         info.update(study_name=trial.get("study_name"), trial_number=trial.get("number"))
@@ -257,12 +256,13 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
                         int(cfg["scheduler"].get("warmup_epochs", 0) * steps_per_epoch), cfg["scheduler"]["name"],
                         cfg["scheduler"].get("min_lr_ratio", 0.0))
     params = sum(p.numel() for p in model.parameters())
+    chance = chance_error(data.y_train)
     return RunState(
-        cfg=cfg, device=device, precision=precision, data=data, model=model, model_cfg=model_cfg,
+        cfg=cfg, device=device, data=data, model=model, model_cfg=model_cfg,
         step_model=compile_model(model) if t.get("compile") else model, optimizer=optimizer,
         scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
         autocast=autocast_for(device, precision), train_loader=train_loader, eval_loaders=eval_loaders,
-        train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance_error(data.y_train)),
+        train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance),
         recorder=RunRecorder(run_dir) if run_dir is not None else None, objective_name=objective,
-        info=_summary_info(cfg, data, flipped, params, device, precision, objective),
+        info=_summary_info(cfg, data, flipped, params, device, precision, objective, chance),
         class_weights=data.class_weights.to(device) if data.class_weights is not None else None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,11 @@ from tqdm.auto import tqdm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config
 from src.trainer import already_stopped, finish, prepare_resume, record_evaluation, resume, summarise
+from src.trial import Reporter
 from src.validate import check_config
 
 MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay", "trial")
 STACKABLE_MODELS = ("src.models.cnn.WidthCNN", "src.models.vit.ViT")
-Reporter = Callable[[float, int], bool]
 
 
 def _without(cfg: Mapping[str, Any], keys: Sequence[str]) -> dict:
@@ -250,7 +250,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 continue
             state = resume(cfg, run_dir, found)
             if already_stopped(state):
-                results[k] = finish(state, state.stop_reason)  # killed after its final checkpoint
+                results[k] = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
                 continue
             states[k] = state
         except Exception as e:  # this member fails alone

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,13 @@ from src.metrics import evaluate
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config, setup
 from src.stop_rules import StopRules
-from src.validate import check_config
+from src.trial import Reporter
+from src.validate import check_config, objective_metrics
 
 log = logging.getLogger(__name__)
-Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
 STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "stalled": "failed",
           "max_wall": "stopped",
           "pruned": "stopped", "interrupted": "stopped", "nonfinite_loss": "failed", "error": "failed"}
-SUMMARY_METRICS = ("train_loss", "train_error", "train_acc", "train_loss_clean", "train_error_clean",
-                   "train_error_noisy_subset", "val_loss", "val_error", "val_acc", "test_loss", "test_error",
-                   "test_acc")
-BINARY_SUFFIXES = ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")
 
 
 class RunInterrupted(SystemExit):
@@ -180,8 +176,8 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary = {"status": STATUS[reason], "stop_reason": reason, **state.info, "epochs": state.epoch,
                "steps": state.step, "wall_s": state.wall_s(),
                "train_images_per_s": state.step * state.train_loader.batch_size / max(state.train_time, 1e-9)}
-    summary.update({k: row[k] for k in SUMMARY_METRICS if k in row})
-    summary.update({k: v for k, v in row.items() if k.split("_", 1)[-1] in BINARY_SUFFIXES})
+    known = set(objective_metrics())  # every metric of the last evaluation (row also holds epoch, lr, timings)
+    summary.update({k: v for k, v in row.items() if k in known})
     summary.update(state.best)
     failed = reason in ("nonfinite_loss", "stalled")
     summary["objective"] = math.nan if failed else metric(state, state.objective_name)
@@ -196,10 +192,11 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     return summary
 
 
-def finish(state: RunState, reason: str) -> dict[str, Any]:
-    """Write the final checkpoint (a run that can continue) and summary.json; returns the summary."""
+def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, Any]:
+    """Write the final checkpoint (a run that can continue) and summary.json; returns the summary.
+    ``checkpoint=False`` for a state that was just loaded from its final checkpoint (keep the previous one)."""
     state.stop_reason = reason
-    if state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
+    if checkpoint and state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
     state.recorder.summary(summary)
@@ -279,7 +276,7 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
         return done
     state = resume(cfg, run_dir, found)
     if already_stopped(state):  # killed after its final checkpoint, before its summary
-        return finish(state, state.stop_reason)
+        return finish(state, state.stop_reason, checkpoint=False)
     stop = StopSignal()
     state.started = time.perf_counter()
     with stop.installed(), _progress(state) as pbar:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-Reporter = Callable[[float, int], bool]
+Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
 
 
 def make_reporter(cfg: DictConfig) -> Reporter | None:
