@@ -107,14 +107,15 @@ def test_stack_auto_groups_members_on_cuda_only():
     assert plan_units(cfgs, "never", 16, "cuda") == [[0], [1], [2]] == plan_units(cfgs, "always", 1, "cuda")
 
 
-def test_a_worker_that_dies_fails_its_jobs_with_a_clear_error(tmp_path):
+@pytest.mark.parametrize("n_procs", [1, 2])
+def test_a_worker_that_dies_fails_its_jobs_with_a_clear_error(tmp_path, n_procs):
     """A job that kills its worker process (as the kernel's OOM killer would) fails, naming the cause; the
     jobs the dead worker took with it run again, so only the killer fails."""
     (tmp_path / "app.py").write_text(
         "import os\nimport hydra\n\n\n@hydra.main(version_base='1.3', config_path=None)\n"
         "def main(cfg):\n    if cfg.x == 2:\n        os._exit(3)\n    return cfg.x\n\n\n"
         "if __name__ == '__main__':\n    main()\n")
-    done = run([tmp_path / "app.py", "-m", "+x=2,1,3", *LAUNCH, "hydra.launcher.n_procs=1",
+    done = run([tmp_path / "app.py", "-m", "+x=2,1,3", *LAUNCH, f"hydra.launcher.n_procs={n_procs}",
                 f"hydra.sweep.dir={tmp_path / 'out'}"], cwd=tmp_path, check=False)
     assert done.returncode != 0 and "worker process died" in done.stderr
     lines = sorted(line.split("] ", 2)[2] for line in done.stdout.splitlines() if "(worker " in line)

@@ -53,11 +53,19 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
     results: dict[int, JobReturn] = {}
     broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results)
-    for unit in broken:  # a worker died and took these with it: each again alone, so only a killer fails
-        launcher.pool[2].shutdown()
-        launcher.pool = None
+    if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
+        _drop(launcher)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results)
+    for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
+        _drop(launcher)
         _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, final=True)
     return [results[initial_job_idx + i] for i in range(len(configs))]
+
+
+def _drop(launcher: Any) -> None:
+    """Shut the launcher's (broken) pool down; the next ``_pool`` starts a fresh one."""
+    launcher.pool[2].shutdown()
+    launcher.pool = None
 
 
 def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
