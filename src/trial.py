@@ -20,7 +20,8 @@ def make_reporter(cfg: DictConfig) -> Reporter | None:
         return None
     import optuna
 
-    from hydra_plugins.vitsweep_sweeper._study import open_storage, pruner_from_study
+    from hydra_plugins.vitsweep_sweeper._storage import open_storage
+    from hydra_plugins.vitsweep_sweeper._study import pruner_from_study
 
     storage = open_storage(str(node.storage), existing=True)
     study_id = storage.get_study_id_from_name(str(node.study_name))

@@ -201,7 +201,6 @@ def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, in
             exc = ret._return_value
             print(f"job #{cfg.hydra.job.num} failed:\n" + "".join(traceback.format_exception(exc)), flush=True)
             ret.return_value = _picklable(exc)
-            ret.status = JobStatus.FAILED
         out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
     return out
 

@@ -77,8 +77,8 @@ def _alive(pid: int) -> bool:
 class Reaper:
     """Fails the RUNNING trials of dead workers and enqueues their retries; call it under the claim lock."""
 
-    def __init__(self, grace_s: float, max_retries: int, me: str | None = None) -> None:
-        self.grace_s, self.max_retries, self.me = grace_s, max_retries, me or owner_id()
+    def __init__(self, grace_s: float, max_retries: int) -> None:
+        self.grace_s, self.max_retries, self.me = grace_s, max_retries, owner_id()
         self.seen: dict[int, tuple[Any, float]] = {}  # trial id -> (heartbeat value, when first seen here)
 
     def why_dead(self, t: FrozenTrial) -> str | None:

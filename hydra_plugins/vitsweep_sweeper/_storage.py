@@ -92,11 +92,9 @@ def open_storage(url: str, existing: bool = False) -> optuna.storages.BaseStorag
         return optuna.storages.RDBStorage(
             url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
         )
-    except ValueError as e:
-        if str(e).startswith("hydra.sweeper.storage"):
-            raise
-        raise ValueError(f"hydra.sweeper.storage: cannot open {safe(url)!r}: {type(e).__name__}: {e}") from e
     except Exception as e:  # noqa: BLE001 - any driver error means the same thing to the user
+        if str(e).startswith("hydra.sweeper.storage"):  # our own message (a missing driver) as it is
+            raise
         raise ValueError(f"hydra.sweeper.storage: cannot open {safe(url)!r}: {type(e).__name__}: {e}") from e
 
 

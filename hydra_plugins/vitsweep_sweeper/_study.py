@@ -13,7 +13,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from ._storage import claim_lock, open_storage  # noqa: F401 - src/trial.py opens storages through here
 from .config import PRUNERS, SAMPLERS, TRANSLATED
 
 PRUNER_ATTR = "vitsweep:pruner"  # study system attr: the pruner config, read by every trial process

@@ -16,7 +16,7 @@ from omegaconf import MISSING
 
 
 @dataclass
-class TPESamplerConfig:
+class _TPEBase:  # the keys TPE and HOS's MOTPE share
     _target_: str = "optuna.samplers.TPESampler"
     seed: int | None = None
     consider_prior: bool = True
@@ -24,6 +24,10 @@ class TPESamplerConfig:
     consider_magic_clip: bool = True
     consider_endpoints: bool = False
     n_startup_trials: int = 10  # random trials before the density model is used
+
+
+@dataclass
+class TPESamplerConfig(_TPEBase):
     n_ei_candidates: int = 24
     multivariate: bool = False
     warn_independent_sampling: bool = True
@@ -33,14 +37,7 @@ class TPESamplerConfig:
 
 
 @dataclass
-class MOTPESamplerConfig:  # MOTPESampler left Optuna in 4.0: TPE handles several objectives
-    _target_: str = "optuna.samplers.TPESampler"
-    seed: int | None = None
-    consider_prior: bool = True
-    prior_weight: float = 1.0
-    consider_magic_clip: bool = True
-    consider_endpoints: bool = False
-    n_startup_trials: int = 10
+class MOTPESamplerConfig(_TPEBase):  # MOTPESampler left Optuna in 4.0: TPE handles several objectives
     n_ehvi_candidates: int = 24  # passed to TPE as n_ei_candidates
 
 
