@@ -116,7 +116,11 @@ class MLP(nn.Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self.from_hidden(self.fc1(x))
+
+    def from_hidden(self, a: torch.Tensor) -> torch.Tensor:
+        """The MLP after ``fc1``: dropout(fc2(dropout(act(a))))."""
+        return self.drop(self.fc2(self.drop(self.act(a))))
 
 
 class Block(nn.Module):

@@ -105,10 +105,8 @@ class _LayerNormLinear(torch.autograd.Function):
 
 
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> torch.Tensor:
-    """``linear(norm(x))`` through the memory-lean :class:`_LayerNormLinear` (plain ops without affine norm)."""
-    if norm.weight is not None and norm.bias is not None:
-        return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
-    return linear(norm(x))
+    """``linear(norm(x))`` through the memory-lean :class:`_LayerNormLinear` (``Block``'s norms are affine)."""
+    return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
 
 
 
@@ -128,9 +126,9 @@ class LeanBlock(Block):
         return self.attn.merge_heads(out)
 
     def _mlp(self, a: torch.Tensor) -> torch.Tensor:
-        """The MLP after ``fc1``: dropout(fc2(dropout(act(a))))."""
+        """``MLP.from_hidden`` with GELU, dropout and fc2 recomputed in backward (``MLP``'s act is exact GELU)."""
         mlp, p = self.mlp, self.mlp.drop.p
-        if 0 < p < 1 and isinstance(mlp.act, nn.GELU) and mlp.act.approximate == "none":
+        if 0 < p < 1:
             keep = dropout_keep(a, p)
             return mlp.drop(_GeluDropLinear.apply(a, keep, 1.0 / (1.0 - p), mlp.fc2.weight, mlp.fc2.bias))
-        return mlp.drop(mlp.fc2(mlp.drop(mlp.act(a))))
+        return mlp.from_hidden(a)
