@@ -82,7 +82,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
         raise ValueError(f"dataset.name={d['name']!r} is unknown: choose one of {list(DATASETS)}")
     if d.get("augment", "none") not in AUGMENTS:
         raise ValueError(f"dataset.augment={d.get('augment')!r} is unknown: choose one of {list(AUGMENTS)}")
-    check_classes(d.get("classes"))  # the list's shape; membership is checked when the labels are loaded
+    check_classes(d.get("classes"), d["name"])  # the list's shape; membership is checked when the labels are loaded
     if cfg["scheduler"]["name"] not in SCHEDULERS:
         raise ValueError(f"scheduler.name={cfg['scheduler']['name']!r} is unknown: choose one of {list(SCHEDULERS)}")
     if t["precision"] not in PRECISIONS:

@@ -175,3 +175,10 @@ def test_classes_shape_checked_before_any_data_is_loaded(tiny_cfg):
 
     with pytest.raises(ValueError, match=r"dataset.classes=\[5\] selects 1 class"):
         check_config(tiny_cfg("dataset.classes=[5]"))
+
+
+def test_classes_of_a_csv_labelled_dataset_fail_before_any_data_is_loaded(tiny_cfg):
+    from src.validate import check_config
+
+    with pytest.raises(ValueError, match=r"dataset.classes=\[0, 1\] is not supported for dataset=dicom_folder"):
+        check_config(tiny_cfg("dataset=dicom_folder", "dataset.classes=[0,1]"))

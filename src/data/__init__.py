@@ -55,10 +55,17 @@ def stratified_subset(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndar
     return np.sort(chosen), np.sort(rest)
 
 
-def check_classes(classes: Any) -> list[int | str] | None:
-    """``dataset.classes`` as a list, or None; fails on anything but >= 2 distinct labels or names."""
+CSV_LABELLED = ("rsna_mammo", "dicom_folder")  # labels come from a CSV: no class subsets
+
+
+def check_classes(classes: Any, dataset: str) -> list[int | str] | None:
+    """``dataset.classes`` as a list, or None; fails on anything but >= 2 distinct labels or names, and on
+    a subset of a dataset labelled by its CSV."""
     if classes is None:
         return None
+    if dataset in CSV_LABELLED:
+        raise ValueError(f"dataset.classes={classes} is not supported for dataset={dataset} (labels come "
+                         "from its CSV): set dataset.classes=null, or filter the CSV")
     fix = "list two or more distinct class labels, e.g. dataset.classes=[5,8], or null for every class"
     if isinstance(classes, str | int) or not all(isinstance(c, int | str) and not isinstance(c, bool) for c in classes):
         raise ValueError(f"dataset.classes={classes!r} is not a list of class labels (integers) or names: {fix}")
@@ -111,11 +118,8 @@ def _raw_arrays(cfg: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
 def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     """Build the train/val/test splits described by the ``dataset`` config group."""
     cfg = dict(cfg)
-    classes = check_classes(cfg.get("classes"))
-    if cfg["name"] in ("rsna_mammo", "dicom_folder"):
-        if classes is not None:
-            raise ValueError(f"dataset.classes={classes} is not supported for dataset={cfg['name']} (labels come "
-                             "from its CSV): set dataset.classes=null, or filter the CSV")
+    classes = check_classes(cfg.get("classes"), cfg["name"])
+    if cfg["name"] in CSV_LABELLED:
         from src.data import mammo  # optional extra: pydicom and its decoders
 
         loader = mammo.load_rsna if cfg["name"] == "rsna_mammo" else mammo.load_dicom_folder
