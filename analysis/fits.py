@@ -115,10 +115,12 @@ def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd
     return {"alpha_lo": np.nan, "alpha_hi": np.nan, "ci_method": "none"}
 
 
-def _group_fit(sizes: np.ndarray, values: list[np.ndarray], table: pd.DataFrame, n_boot: int, offset: bool,
-               rng: np.random.Generator, label: str) -> dict:
+def _group_fit(table: pd.DataFrame, n_boot: int, offset: bool, rng: np.random.Generator, label: str) -> dict:
+    """The fits of one group from its (seed, size) table of log y."""
+    sizes = table.columns.to_numpy(float)
+    values = [np.exp(table[c].dropna().to_numpy()) for c in table.columns]  # y of each size's runs
     logx = np.log(sizes)
-    logm = np.array([np.log(v).mean() for v in values])  # log of the geometric mean over seeds
+    logm = table.mean().to_numpy()  # log of the geometric mean over seeds
     slope, intercept = _loglog_lines(logx, logm)
     resid = logm - (intercept + slope * logx)
     ss_tot = ((logm - logm.mean()) ** 2).sum()
@@ -201,17 +203,15 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
         if seed_col is not None and g.duplicated([x, seed_col]).any():
             warnings.warn(f"{label}: several runs share a ({x}, {seed_col}); they are averaged first", stacklevel=2)
             g = g.groupby([x, seed_col], as_index=False)[y].mean()
-        per_size = {n: grp[y].to_numpy(float) for n, grp in g.groupby(x)}
-        if len(per_size) < 3:
+        table = _seed_matrix(g, x, y, seed_col)
+        if table.shape[1] < 3:
             msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
-                   f"got {len(per_size)} ({sorted(per_size)})")
+                   f"got {table.shape[1]} ({table.columns.tolist()})")
             if errors == "skip":
                 warnings.warn(msg + "; group skipped", stacklevel=2)
                 continue
             raise ValueError(msg)
-        sizes = np.array(sorted(per_size), dtype=float)
-        table = _seed_matrix(g, x, y, seed_col)
-        fit = _group_fit(sizes, [per_size[n] for n in sorted(per_size)], table, n_boot, offset, rng, label)
+        fit = _group_fit(table, n_boot, offset, rng, label)
         rows.append({**dict(zip(by, key, strict=True)), **fit})
     order = ["alpha", "alpha_lo", "alpha_hi", "prefactor", "r2", "n_points", "n_seeds", "x_min", "x_max"]
     if not rows:
