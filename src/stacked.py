@@ -30,7 +30,16 @@ from tqdm.auto import tqdm
 
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config
-from src.trainer import already_stopped, finish, prepare_resume, record_evaluation, resume, summarise
+from src.trainer import (
+    already_stopped,
+    begin_epoch,
+    checkpoint_due,
+    close_epoch,
+    finish,
+    prepare_resume,
+    resume,
+    summarise,
+)
 from src.trial import Reporter
 from src.validate import check_config
 
@@ -147,34 +156,25 @@ class _Member:
             return batch
         s = self.state
         if self.batches is None:
-            if s.epoch_done:
-                s.epoch, s.epoch_done = s.epoch + 1, False
-            s.model.train()
+            begin_epoch(s)
             self.batches, self.images, self.epoch_start = iter(s.train_loader), 0, s.wall_s()
             self.loss_sum = torch.zeros((), device=s.device)
         return next(self.batches, None)
 
     def end_epoch(self, reason: str | None, pbar) -> str | None:
         """The single run's end of epoch (``src.trainer.run_loop``): time, NaN check, stop rules, evaluation."""
-        s, epoch_time = self.state, self.state.wall_s() - self.epoch_start
-        s.train_time += epoch_time
+        s = self.state
         s.epoch_done = reason is None
         self.batches = None
         if reason is None and not math.isfinite(self.loss_sum.item()):
-            return "nonfinite_loss"
-        reason = reason or s.rules.after_epoch(s.epoch)
-        if s.rules.should_evaluate(s.epoch, reason is not None):
-            later = record_evaluation(s, self.images, epoch_time, self.reporter if reason is None else None, pbar)
-            reason = reason or later
-        return reason
+            reason = "nonfinite_loss"
+        return close_epoch(s, reason, self.images, self.epoch_start, self.reporter, pbar)
 
 
 def _save(s: RunState) -> None:
     """The single run's end-of-epoch checkpoint; the model's tensors are copied out of the stack (a view
     would save every member's storage)."""
-    t = s.cfg["trainer"]
-    every = int(t.get("checkpoint_every", 1)) if t.get("checkpoint", True) else 0
-    if every and s.epoch % every == 0:
+    if checkpoint_due(s):
         state = s.state_dict()
         state["model"] = {k: v.clone() for k, v in state["model"].items()}
         s.recorder.checkpoint(state)

@@ -106,9 +106,7 @@ def metric(state: RunState, name: str) -> float:
 def train_epoch(state: RunState, stop: StopSignal, pbar) -> tuple[str | None, int]:
     """Train until the epoch ends or a step-level rule fires; returns (stop reason or None, images)."""
     t, images, batches = state.cfg["trainer"], 0, 0
-    if state.epoch_done:
-        state.epoch, state.epoch_done = state.epoch + 1, False
-    state.model.train()
+    begin_epoch(state)
     loss_sum = torch.zeros((), device=state.device)
     for xb, yb in state.train_loader:
         for group in state.optimizer.param_groups:
@@ -146,27 +144,47 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
     return reason
 
 
-def run_loop(state: RunState, reporter: Reporter | None, stop: StopSignal, pbar) -> str:
-    """Epochs until a stop rule fires; checkpoints as configured. Returns the stop reason."""
+def begin_epoch(state: RunState) -> None:
+    """Move on to the next epoch unless the one in progress was cut short (a resume mid-epoch)."""
+    if state.epoch_done:
+        state.epoch, state.epoch_done = state.epoch + 1, False
+    state.model.train()
+
+
+def close_epoch(state: RunState, reason: str | None, images: int, started: float, reporter: Reporter | None,
+                pbar) -> str | None:
+    """The end of an epoch's steps (all of them, or cut short by ``reason``): count its time, apply the epoch
+    rule and evaluate when due. Returns the stop reason, or None to go on."""
+    if state.device.type == "cuda":
+        torch.cuda.synchronize(state.device)
+    epoch_time = state.wall_s() - started
+    state.train_time += epoch_time
+    if reason in ("nonfinite_loss", "interrupted"):
+        return reason
+    reason = reason or state.rules.after_epoch(state.epoch)
+    if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
+        later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar)
+        reason = reason or later
+    return reason
+
+
+def checkpoint_due(state: RunState) -> bool:
+    """Whether this epoch's end writes a checkpoint (``trainer.checkpoint_every``)."""
     t = state.cfg["trainer"]
     every = int(t.get("checkpoint_every", 1)) if t.get("checkpoint", True) else 0
+    return bool(every) and state.epoch % every == 0
+
+
+def run_loop(state: RunState, reporter: Reporter | None, stop: StopSignal, pbar) -> str:
+    """Epochs until a stop rule fires; checkpoints as configured. Returns the stop reason."""
     while True:
-        start = state.wall_s()
+        started = state.wall_s()
         reason, images = train_epoch(state, stop, pbar)
-        if state.device.type == "cuda":
-            torch.cuda.synchronize(state.device)
-        epoch_time = state.wall_s() - start
-        state.train_time += epoch_time
-        if reason in ("nonfinite_loss", "interrupted"):
-            return reason
-        reason = reason or state.rules.after_epoch(state.epoch)
-        if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
-            later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar)
-            reason = reason or later
+        reason = close_epoch(state, reason, images, started, reporter, pbar)
         reason = reason or ("interrupted" if stop.signum else None)
         if reason:
             return reason
-        if every and state.epoch % every == 0:
+        if checkpoint_due(state):
             state.recorder.checkpoint(state.state_dict())
 
 
