@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,10 @@ def load_checkpoint(path: str | Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def read_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict]]:
-    """The readable checkpoints of ``run_dir``, newest first. An unreadable one (truncated, not a
+def read_checkpoints(run_dir: str | Path) -> Iterator[tuple[Path, dict]]:
+    """The readable checkpoints of ``run_dir``, newest first, each loaded only when the caller gets to it
+    (a resume that takes the newest never reads the previous one). An unreadable one (truncated, not a
     checkpoint, missing keys) is skipped with a warning naming the file."""
-    found = []
     for name in (CHECKPOINT, PREVIOUS):
         path = Path(run_dir) / name
         if not path.is_file():
@@ -77,8 +77,7 @@ def read_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict]]:
         except Exception as e:  # any unreadable file is skipped: never a crash loop
             log.warning("checkpoint %s is unreadable (%s: %s): skipping it", path, type(e).__name__, e)
             continue
-        found.append((path, ckpt))
-    return found
+        yield path, ckpt
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -6,6 +6,7 @@ rules, checkpoints every ``trainer.checkpoint_every`` epochs, resume, and clean 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -13,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -231,25 +232,27 @@ def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
     return s if done else None
 
 
-def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[list[tuple[Path, dict]], dict | None]:
+def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[Path, dict]], dict | None]:
     """(checkpoints to try, newest first; the summary of a finished run or None). Fails before any work
     when the newest readable checkpoint comes from a different config; moves unusable files aside."""
     if cfg["trainer"].get("resume", "auto") == "never":
         move_aside(run_dir)
-        return [], None
+        return iter(()), None
     found = read_checkpoints(run_dir)
-    if not found:
+    newest = next(found, None)
+    if newest is None:
         move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
-        return [], None
-    check_resumable(found[0][0], found[0][1]["config"], cfg)
-    return found, finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
+        return iter(()), None
+    check_resumable(newest[0], newest[1]["config"], cfg)
+    return itertools.chain([newest], found), finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
 
 
-def resume(cfg: dict[str, Any], run_dir: Path, found: list[tuple[Path, dict]]) -> RunState:
+def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]]) -> RunState:
     """A fresh ``setup`` continued from the first checkpoint that loads (or a fresh start, with a warning).
     Each try gets its own ``setup``: a checkpoint that fails half-way leaves the state it touched unusable."""
+    tried = False
     for path, ckpt in found:
-        state = setup(cfg, run_dir)
+        tried, state = True, setup(cfg, run_dir)
         try:
             state.load_state_dict(ckpt)
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
@@ -261,7 +264,7 @@ def resume(cfg: dict[str, Any], run_dir: Path, found: list[tuple[Path, dict]]) -
             stale.replace(run_dir / "summary.previous.json")
         log.info("resuming %s from %s (epoch %d, step %d)", run_dir, path.name, state.epoch, state.step)
         return state
-    if found:
+    if tried:
         log.warning("no checkpoint in %s fits this run: starting afresh", run_dir)
         move_aside(run_dir)
     return setup(cfg, run_dir)
