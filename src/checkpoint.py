@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -41,18 +41,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> Path:
-    """Write ``state`` as the newest checkpoint; the one it replaces becomes ``checkpoint.prev.pt``."""
-    run_dir = Path(run_dir)
-    path, tmp = run_dir / CHECKPOINT, run_dir / (CHECKPOINT + ".tmp")
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any], keep_previous: Path | None = None) -> None:
+    """Write ``path`` so that a kill at any moment leaves the old file or the new one, whole: ``write`` fills
+    a temporary file, which is fsynced and renamed over ``path`` (the old file first renamed to
+    ``keep_previous`` when given)."""
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        torch.save(dict(state), f)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
-    if path.exists():
-        os.replace(path, run_dir / PREVIOUS)
+    if keep_previous is not None and path.exists():
+        os.replace(path, keep_previous)
     os.replace(tmp, path)
-    _fsync_dir(run_dir)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> Path:
+    """Write ``state`` as the newest checkpoint; the one it replaces becomes ``checkpoint.prev.pt``."""
+    path = Path(run_dir) / CHECKPOINT
+    atomic_write(path, lambda f: torch.save(dict(state), f), keep_previous=path.with_name(PREVIOUS))
     return path
 
 

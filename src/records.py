@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from src.checkpoint import save_checkpoint
+from src.checkpoint import atomic_write, save_checkpoint
 
 
 def _clean(value: Any) -> Any:
@@ -25,12 +25,6 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def writable_run_dir(run_dir: str | os.PathLike) -> Path:
@@ -62,7 +56,7 @@ class RunRecorder:
                              "was edited; use trainer.resume=never or a new run dir")
         if len(lines) > n or any(not line.endswith("\n") for line in lines):
             kept = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:n])
-            atomic_write_bytes(self.metrics_path, lambda p: p.write_text(kept))
+            atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
         self.rows = n
 
     def log(self, row: dict[str, Any]) -> None:
@@ -73,7 +67,7 @@ class RunRecorder:
 
     def summary(self, summary: dict[str, Any]) -> None:
         text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2)
-        atomic_write_bytes(self.dir / "summary.json", lambda p: p.write_text(text + "\n"))
+        atomic_write(self.dir / "summary.json", lambda f: f.write((text + "\n").encode()))
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.dir, state)
