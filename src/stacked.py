@@ -14,10 +14,16 @@ in one member never touches another.
 Dropout under ``vmap`` draws a different mask per member (``randomness="different"``) from the global
 generator, so with dropout a member's masks differ from its single run's: same distribution, other draws.
 Models with BatchNorm (running statistics updated in place) and fp16 runs (one GradScaler per run) run alone.
+
+On CUDA a group is cut, before its first step, to the members that fit in the device's free memory
+(``member_bytes``, shared between the launcher's processes on one GPU); the parts train one after another.
 """
 from __future__ import annotations
 
+import copy
+import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +49,7 @@ from src.trainer import (
 from src.trial import Reporter
 from src.validate import check_config
 
+log = logging.getLogger(__name__)
 MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay", "trial")
 STACKABLE_MODELS = ("src.models.cnn.WidthCNN", "src.models.vit.ViT")
 
@@ -232,6 +239,55 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
     return summaries
 
 
+def member_bytes(state: RunState) -> int:
+    """Device bytes one more stacked member of ``state``'s kind is estimated to need, before any step: its
+    parameters four times (weights, gradients, two optimizer moments) plus every tensor autograd saves for
+    one training batch, counted by a forward pass on the meta device (no memory, no compute; in fp32, so
+    an overestimate under bf16), all times 1.5 for allocator slack and kernel workspaces. The member's data
+    is already on the device when this is asked, so the free memory counts it."""
+    model = copy.deepcopy(state.model).to("meta").train()
+    loader = state.train_loader
+    x = torch.empty((loader.batch_size, *loader.x.shape[1:]), device="meta")
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = sum(p.numel() * p.element_size() for p in state.model.parameters())
+    return int(1.5 * (4 * params + saved))
+
+
+def device_budget(device: torch.device) -> int | None:
+    """Bytes a stacked group may take on ``device`` (None: no limit, on CPU): 90% of the free memory,
+    shared equally by the launcher's processes on that GPU (``VITSWEEP_GPU_SHARE``)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(0.9 * free / max(1, int(os.environ.get("VITSWEEP_GPU_SHARE", "1"))))
+
+
+def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
+    """The members cut into parts that each fit the device's budget (one part where all fit)."""
+    keys = list(states)
+    first = states[keys[0]]
+    budget = device_budget(first.device)
+    if budget is None or len(keys) < 2:
+        return [keys]
+    need = member_bytes(first)
+    size = max(1, budget // need)
+    if size >= len(keys):
+        return [keys]
+    parts = [keys[i:i + size] for i in range(0, len(keys), size)]
+    log.warning(f"{len(keys)} stacked members need about {len(keys) * need / 2**30:.2f} GiB, {budget / 2**30:.2f} "
+                f"GiB fit on {first.device}: training them as {len(parts)} stacks of at most {size}, one after "
+                "another (hydra.launcher.max_members sets the largest stack)")
+    return parts
+
+
 def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
                   reporters: Sequence[Reporter | None] | None = None) -> list[dict | BaseException]:
     """Train runs that ``plan_groups`` put together as one stacked model, each into its own run dir.
@@ -255,11 +311,12 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             states[k] = state
         except Exception as e:  # this member fails alone
             results[k] = e
-    if states:
+    for part in fitting_parts(states) if states else []:
+        members = {k: states[k] for k in part}
         try:
-            results_by_member = run_members(states, {k: reporters[k] for k in states})
+            results_by_member = run_members(members, {k: reporters[k] for k in part})
         except Exception as e:  # the stacked step itself failed: every member still training records it
-            for k, s in states.items():
+            for k, s in members.items():
                 if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
                     s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
                 results[k] = e

@@ -138,3 +138,62 @@ def test_a_member_stopping_at_its_epoch_end_costs_the_others_no_batch(tmp_path):
     assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]]
     for got, want in zip(*rows, strict=True):
         assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-4), got["epoch"]
+
+
+def test_a_group_larger_than_the_device_budget_trains_in_parts_with_the_same_results(tmp_path, monkeypatch, caplog):
+    """Members that do not all fit the device's free memory (a budget of 2.5 members here) train as
+    stacks of 2 then 1, one after the other, each member still equal to its single run."""
+    import src.stacked as stacked
+
+    cfgs = [plain(*CNN, "trainer.max_epochs=2", f"seed={s}") for s in (0, 1, 2)]
+    need = stacked.member_bytes(setup(cfgs[0], None))
+    monkeypatch.setattr(stacked, "device_budget", lambda device: int(2.5 * need))
+    with caplog.at_level("WARNING", logger="src.stacked"):
+        results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
+    assert "training them as 2 stacks of at most 2" in caplog.text
+    for k, cfg in enumerate(cfgs):
+        alone = train(cfg, tmp_path / f"alone{k}")
+        assert results[k]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
+        assert results[k]["epochs"] == alone["epochs"] == 2
+
+
+def test_member_bytes_counts_parameters_and_the_batch_activations():
+    """The up-front estimate grows with the batch (saved activations) and covers weights, gradients and
+    two optimizer moments; a wider model needs more."""
+    from src.stacked import member_bytes
+
+    small = setup(plain(*CNN, "trainer.batch_size=50"), None)
+    params = sum(p.numel() * 4 for p in small.model.parameters())
+    assert member_bytes(small) > 1.5 * 4 * params
+    double = setup(plain(*CNN, "trainer.batch_size=100"), None)
+    wide = setup(plain(*CNN, "model.width=8", "trainer.batch_size=50"), None)
+    activations = member_bytes(small) - 1.5 * 4 * params
+    assert member_bytes(double) - 1.5 * 4 * params == pytest.approx(2 * activations, rel=0.05)
+    assert member_bytes(wide) > member_bytes(small)
+
+
+def test_dropout_members_draw_their_own_masks_and_agree_with_single_runs_in_distribution():
+    """With dropout, a member's masks come from vmap's own draws (randomness="different"), not its single
+    run's: its losses are not the single run's, but across 8 seeds the per-seed differences after 40 steps
+    centre on zero (paired t-test), and the members' masks differ from each other."""
+    from scipy import stats
+
+    cfgs = [plain(*VIT, "model.dropout=0.3", f"seed={s}", "dataset.n_train=300") for s in range(8)]
+    stacked = torch.tensor(stacked_losses(cfgs, 40))
+    alone = torch.tensor([single_losses(cfg, 40) for cfg in cfgs])
+    assert not torch.allclose(stacked[:, 5:], alone[:, 5:], rtol=1e-4)  # other draws
+    last = slice(30, 40)  # mean loss over the last 10 steps, per seed
+    diff = (stacked[:, last].mean(1) - alone[:, last].mean(1)).numpy()
+    p = stats.ttest_1samp(diff, 0.0).pvalue
+    print(f"stacked minus single, mean loss of steps 31-40 over 8 seeds: {diff.mean():+.4f} "
+          f"(sd {diff.std(ddof=1):.4f}), paired t-test p = {p:.3f}")
+    assert p > 0.01
+    # the same seed twice in one stack: equal weights and batches, so only the masks can tell them apart
+    twins = torch.tensor(stacked_losses([cfgs[0], cfgs[0]], 3))
+    assert twins[0, 0] != twins[1, 0]
+
+
+def test_a_stacked_group_shows_one_progress_bar(tmp_path, capsys):
+    cfgs = [plain(*CNN, "trainer.progress=true", f"seed={s}") for s in (0, 1)]
+    train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    assert capsys.readouterr().err.count("stack of 2 WidthCNN") >= 1

@@ -83,7 +83,7 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
         slots.put(k)
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
-                               initargs=(slots, payload, threads, gpus, log_dir))
+                               initargs=(slots, payload, threads, gpus, log_dir, -(-n_procs // max(1, len(gpus)))))
     launcher.pool = (key, n_procs, pool)
     return pool
 
@@ -163,10 +163,11 @@ def _task_cfg(cfg: DictConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- worker side
-def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str) -> None:
+def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str, share: int) -> None:
     slot = slots.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+        os.environ["VITSWEEP_GPU_SHARE"] = str(share)  # workers on this GPU: src.stacked splits its memory
     fd = os.open(Path(log_dir) / f"worker-{slot}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
