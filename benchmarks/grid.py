@@ -56,8 +56,8 @@ def tree_rss(root: int) -> int:
 def run_mode(name: str, args: argparse.Namespace) -> dict:
     out = Path(args.out) / name
     cmd = [sys.executable, "-m", "src.train", "-m", *args.grid, *args.data, f"trainer.max_epochs={args.epochs}",
-           "trainer.progress=false", "trainer.device=cpu", "trainer.checkpoint=false", f"hydra.sweep.dir={out}",
-           *MODES[name], *args.extra]
+           "trainer.progress=false", f"trainer.device={args.device}", "trainer.checkpoint=false",
+           f"hydra.sweep.dir={out}", *MODES[name], *args.extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start, peak = time.perf_counter(), 0
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -78,7 +78,10 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
             key = (d / ".hydra" / "overrides.yaml").read_text()
             runs[key] = s
     images = sum(s["steps"] * args.batch for s in runs.values())
-    return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak}
+    gpu = max((s.get("peak_gpu_mem_gib", 0.0) for s in runs.values()), default=0.0)
+    per_run = sorted(s["train_images_per_s"] for s in runs.values())
+    return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak, "gpu": gpu,
+            "run_images_per_s": per_run[len(per_run) // 2]}
 
 
 def main() -> None:
@@ -89,6 +92,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128, help="trainer.batch_size the config uses (for images/s)")
     p.add_argument("--modes", nargs="+", default=["basic", "vectorized"], choices=list(MODES))
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every mode")
+    p.add_argument("--device", default="cpu", help="trainer.device of every run (cpu, cuda)")
     p.add_argument("--out", default=str(ROOT / "outputs" / "bench_grid"))
     args = p.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -103,6 +107,8 @@ def main() -> None:
         print(f"{r['name']:>10}: {len(r['runs'])} runs in {r['wall']:7.1f} s | {r['images_per_s']:8.0f} train images/s"
               f" | {base['wall'] / r['wall']:5.2f}x {base['name']} | peak RSS {r['peak'] / 2**30:5.2f} GiB"
               f" | max |diff| vs {base['name']} (test error, train loss) {max(diffs):.2e}")
+        print(f"{'':>10}  median train images/s of one run (a stacked member's own) {r['run_images_per_s']:8.0f}"
+              + (f" | peak GPU memory of one process {r['gpu']:.2f} GiB" if r["gpu"] else ""))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
