@@ -12,9 +12,13 @@ from analysis.load import completed_only, require_columns
 METRICS = {
     "wall_s": ("training time (m:s)", "time"),
     "train_acc": ("train acc (%)", "pct"),
+    "val_acc": ("val acc (%)", "pct"),
     "test_acc": ("test acc (%)", "pct"),
     "train_loss": ("train loss", "num"),
     "test_loss": ("test loss", "num"),
+    "val_auc": ("val AUC", "num"),  # the binary scores, where the runs recorded them (two-class data)
+    "test_auc": ("test AUC", "num"),
+    "test_pf1": ("test pF1", "num"),
 }
 
 

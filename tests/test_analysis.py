@@ -15,6 +15,7 @@ from analysis import (
     descent_curves,
     descent_summary,
     fit_learning_curve,
+    format_table,
     load_history,
     load_runs,
     load_study,
@@ -356,3 +357,17 @@ def test_report_table_shows_every_group_of_a_study_grid(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "first 12 of" not in text
     assert text.count("| 16 ") >= 3, "the width-16 rows are in the table"
+
+
+def test_summary_table_shows_the_binary_scores_and_validation_accuracy_when_recorded():
+    """A two-class study (rsna_patch_size) is judged by its AUC: the report table must carry it."""
+    runs = pd.DataFrame({"model.patch": [8, 8, 16], "status": ["completed"] * 3, "wall_s": [1.0, 2.0, 3.0],
+                         "test_error": [0.1, 0.2, 0.3], "val_error": [0.2, 0.2, 0.4], "test_auc": [0.7, 0.8, 0.6],
+                         "val_auc": [0.75, 0.65, 0.5], "test_pf1": [0.1, 0.2, 0.05]})
+    table = summary_table(runs, by="model.patch")
+    assert {"val_acc_mean", "test_auc_mean", "val_auc_mean", "test_pf1_mean"} <= set(table.columns)
+    assert table["test_auc_mean"].tolist() == pytest.approx([0.75, 0.6])
+    text = format_table(table)
+    assert "test AUC" in text.columns and "val acc (%)" in text.columns
+    plain = summary_table(runs.drop(columns=["test_auc", "val_auc", "test_pf1", "val_error"]), by="model.patch")
+    assert not any("auc" in c or "val" in c for c in plain.columns)
