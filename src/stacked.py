@@ -37,6 +37,8 @@ from tqdm.auto import tqdm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config
 from src.trainer import (
+    RunInterrupted,
+    StopSignal,
     already_stopped,
     begin_epoch,
     checkpoint_due,
@@ -225,11 +227,18 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
     for s in states.values():
         s.started = time.perf_counter()
     first = next(iter(states.values()))
-    with tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
-              disable=not first.cfg["trainer"].get("progress", True), leave=False, mininterval=30.0) as pbar:
+    stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
+    with stop.installed(), tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
+                                disable=not first.cfg["trainer"].get("progress", True), leave=False,
+                                mininterval=30.0) as pbar:
         stack = MemberStack([m.state for m in members.values()])
         while members:
             stopped = _tick(members, stack, pbar)
+            if stop.signum is not None and not stopped:  # every member just stepped: no batch is pending
+                stack.release()
+                for k in list(members):
+                    summaries[k] = finish(members[k].state, members.pop(k).end_epoch("interrupted", pbar))
+                raise RunInterrupted(stop.signum, summaries)
             if stopped:  # finalise them and go on with the others
                 stack.release()
                 for k, reason in stopped.items():

@@ -134,3 +134,39 @@ def test_sweeper_workers_split_the_cores_between_their_pools(tmp_path):
     for log in sorted((tmp_path / "workers").glob("worker-*.log")):
         text = log.read_text()
         assert f"on {share} worker process(es) (1 torch thread(s) each)" in text, text[-2000:]
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("stack", ["never", "always"])
+def test_killing_the_launching_process_stops_its_workers_after_they_save(tmp_path, stack):
+    """SIGKILL of the multirun's main process (no chance to clean up): its workers notice within seconds,
+    every running run (alone or stacked) writes its checkpoint and an `interrupted` summary and the
+    workers exit, instead of training on as orphans that a rerun would race for the same run dirs."""
+    import os
+    import signal
+    import time
+
+    from tests.test_sweeper_faults import gone, wait_for
+
+    cnn = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith(("model.", "trainer.checkpoint"))]]
+    proc = subprocess.Popen([sys.executable, "-m", "src.train", "-m", *cnn, "seed=0,1", "trainer.max_epochs=100000",
+                             "hydra/launcher=vectorized", "hydra.launcher.n_procs=1", f"hydra.launcher.stack={stack}",
+                             f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    log = tmp_path / ".launcher" / "worker-0.log"
+    wait_for(lambda: (tmp_path / "0" / "checkpoint.pt").is_file(), timeout=120, what="a first checkpoint")
+    pid = int(log.read_text().split("(pid ", 1)[1].split(")", 1)[0])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    start = time.monotonic()
+    try:
+        wait_for(lambda: gone(pid), timeout=60, what="the orphaned worker to stop")
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    print(f"stack={stack}: worker gone {time.monotonic() - start:.1f} s after its parent was killed")
+    running = [0] if stack == "never" else [0, 1]  # one process: alone, only job 0 had started
+    for k in running:
+        summary = json.loads((tmp_path / str(k) / "summary.json").read_text())
+        assert summary["stop_reason"] == "interrupted" and summary["epochs"] < 100000, summary
+    assert "is gone: stopping this worker" in log.read_text()

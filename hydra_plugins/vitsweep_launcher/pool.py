@@ -8,7 +8,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -163,7 +165,21 @@ def _task_cfg(cfg: DictConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- worker side
+def _watch_parent(parent: int) -> None:
+    """SIGTERM to this worker once the launching process is gone (killed, even with SIGKILL): a running
+    job then writes its checkpoint and ``interrupted`` summary and stops, instead of training on as an
+    orphan that a rerun of the same command would race for the same run dir."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    print(f"the launching process {parent} is gone: stopping this worker", flush=True)
+    _WORKER["orphaned"] = True  # no further job starts (the pool may have queued some)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(300.0)  # time for the job to save; a worker still alive then (no job ran, or it hung) ends here
+    os._exit(128 + signal.SIGTERM)
+
+
 def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str, share: int) -> None:
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="vitsweep-parent-watch", daemon=True).start()
     slot = slots.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
@@ -187,6 +203,16 @@ def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_
 
 
 def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+    try:
+        return _run_unit_jobs(configs)
+    finally:
+        if _WORKER.get("orphaned"):  # the running job has saved and stopped: end before another starts
+            os._exit(128 + signal.SIGTERM)
+
+
+def _run_unit_jobs(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+    if _WORKER.get("orphaned"):
+        os._exit(128 + signal.SIGTERM)
     start = time.perf_counter()
     if len(configs) == 1:
         rets = [_run_job(configs[0], _WORKER["task_function"])]
