@@ -182,3 +182,18 @@ def test_classes_of_a_csv_labelled_dataset_fail_before_any_data_is_loaded(tiny_c
 
     with pytest.raises(ValueError, match=r"dataset.classes=\[0, 1\] is not supported for dataset=dicom_folder"):
         check_config(tiny_cfg("dataset=dicom_folder", "dataset.classes=[0,1]"))
+
+
+def test_test_size_keeps_the_same_stratified_test_images_for_every_seed():
+    """dataset.test_size: a cheaper test evaluation for reduced-scale studies that still compares runs on
+    the same images (a fixed seed, not the run's)."""
+    cfg = {"name": "digits", "n_train": None, "val_size": 0, "test_size": 120, "image_size": None}
+    a, b, full = build_data(cfg, seed=0), build_data(cfg, seed=5), build_data({**cfg, "test_size": None})
+    assert len(a.y_test) == 120 and a.info["n_test"] == 120 and "n_test" not in full.info
+    assert torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)
+    counts = torch.bincount(a.y_test, minlength=10)
+    assert counts.min() >= 11 and counts.max() <= 13  # class proportions kept
+    rows = {tuple(r.flatten().tolist()) for r in full.x_test}
+    assert all(tuple(r.flatten().tolist()) in rows for r in a.x_test)  # a subset of the test split
+    with pytest.raises(ValueError, match=r"dataset.test_size=5000 must lie between 1 and the 360 test images"):
+        build_data({**cfg, "test_size": 5000})

@@ -135,6 +135,14 @@ def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     y_train = torch.as_tensor(np.asarray(arrays["y_train"]), dtype=torch.int64)
     y_test = torch.as_tensor(np.asarray(arrays["y_test"]), dtype=torch.int64)
     num_classes = len(classes) if classes is not None else int(max(y_train.max(), y_test.max())) + 1
+    test_size = cfg.get("test_size")
+    if test_size is not None:  # the same class-stratified test images for every run and seed (seed 0)
+        if not 0 < test_size < len(y_test):
+            raise ValueError(f"dataset.test_size={test_size} must lie between 1 and the {len(y_test)} test images "
+                             f"of dataset={cfg['name']} (null = all of them)")
+        keep = torch.from_numpy(np.sort(stratified_subset(y_test.numpy(), test_size, 0)[0]))
+        x_test, y_test = x_test[keep], y_test[keep]
+        info["n_test"] = test_size  # recorded in summary.json
 
     n_total, n_train, val_size = len(y_train), cfg.get("n_train"), int(cfg.get("val_size") or 0)
     if val_size < 0 or (n_train is not None and n_train < 1):
