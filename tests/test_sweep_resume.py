@@ -72,3 +72,30 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_and_matches_an_unint
     got, want = rows(run_dir), rows(ref)
     assert [r["epoch"] for r in got] == list(range(1, 61))  # no row lost or repeated across the kill
     assert got == want
+
+
+def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same_command(tmp_path):
+    """SIGTERM is a deliberate stop (the run saves its checkpoint): its retry must not use up
+    hydra.sweeper.max_retries (meant for dead workers), or a sweep stopped twice would never finish the point."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep_dir = tmp_path / "sweep"
+    cmd = train_cmd("hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "seed=choice(0)", "trainer.max_epochs=150",
+                    "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=stopped", f"hydra.sweep.dir={sweep_dir}",
+                    multirun=True)
+    epochs = []
+    for _ in range(2):
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").is_file()
+                 and len(rows(sweep_dir / "0")) >= 3 + (epochs[-1] if epochs else 0), timeout=240,
+                 what="three more epochs")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and "stopped by SIGTERM" in out, out[-2000:]
+        epochs.append(json.loads((sweep_dir / "0" / "summary.json").read_text())["epochs"])
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 150, summary
+    assert [r["epoch"] for r in rows(sweep_dir / "0")] == list(range(1, 151))
+    study = optuna.load_study(study_name="stopped", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]

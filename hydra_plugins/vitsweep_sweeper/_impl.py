@@ -263,7 +263,7 @@ class SweeperImpl:
             for t in trials:
                 frozen = self.storage.get_trial(t._trial_id)
                 if frozen.state == TrialState.RUNNING:
-                    log.warning(lv.fail_and_retry(study, frozen, why, self.max_retries))
+                    log.warning(lv.fail_and_retry(study, frozen, why, self.max_retries, counted=False))
 
     def _claim(self, study: optuna.Study) -> tuple | None:
         """(trials, first job number) to run now; ([], 0) to wait for others' running trials; None when done.

@@ -108,9 +108,11 @@ class Reaper:
         return lines
 
 
-def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: int) -> str:
+def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: int, counted: bool = True) -> str:
     """Mark `t` FAIL (interrupted) and, while it has retries left, enqueue the same parameters as a new trial
-    that records `retry_of` and `retries` and keeps `t`'s Hydra job number, so it runs in `t`'s run dir."""
+    that records `retry_of` and `retries` and keeps `t`'s Hydra job number, so it runs in `t`'s run dir.
+    ``counted=False`` (a deliberate stop: SIGTERM or SIGINT, after the run saved its checkpoint) always
+    enqueues the retry and does not use up `max_retries`, which is for workers that died."""
     storage = study._storage
     try:
         storage.set_trial_user_attr(t._trial_id, "error", why)
@@ -119,12 +121,13 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
     except UpdateFinishedTrialError:
         return f"trial {t.number} finished while being failed as interrupted; not retried"
     retries = int(t.user_attrs.get("retries", 0))
-    if retries >= max_retries:
+    if counted and retries >= max_retries:
         return f"trial {t.number} failed: {why}; not retried (hydra.sweeper.max_retries={max_retries})"
     template = create_trial(
         state=TrialState.WAITING,
         system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
-        user_attrs={"retry_of": t.number, "retries": retries + 1},
+        user_attrs={"retry_of": t.number, "retries": retries + counted},
     )
     number = storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
-    return f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
+    return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
+            + ("" if counted else " (a deliberate stop: not counted against hydra.sweeper.max_retries)"))
