@@ -404,3 +404,16 @@ def test_a_one_point_grid_completes(tmp_path):
     sweep(tmp_path, "x=choice(3)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=1")
     (trial,) = load(tmp_path).trials
     assert trial.state.name == "COMPLETE" and trial.params == {"x": 3}
+
+
+def test_tune_vit_runs_unpruned_with_the_none_pruner(tmp_path):
+    """`hydra/sweeper/pruner=none` on a study file that sets the median pruner's options: the options are
+    ignored (they stopped the config with ConfigKeyError) and no trial is pruned."""
+    run(["-m", "src.sweep", "tune_vit", *SHRINK, "dataset.val_size=100", "model.patch=8", "model.depth=1",
+         "hydra/sweeper/pruner=none", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
+    study = optuna.load_study(study_name="tune_vit", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    from hydra_plugins.vitsweep_sweeper._study import PRUNER_ATTR
+
+    stored = study._storage.get_study_system_attrs(study._study_id)[PRUNER_ATTR]
+    assert stored == {"_target_": "optuna.pruners.NopPruner"}

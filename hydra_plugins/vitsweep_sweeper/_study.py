@@ -38,8 +38,16 @@ def sampler_node(value: Any) -> DictConfig:
     return _node(value, SAMPLERS, "sampler")
 
 
+def no_pruner(**ignored: Any) -> optuna.pruners.NopPruner:
+    """`hydra/sweeper/pruner=none`: no pruning, whatever options the study file set for another pruner."""
+    return optuna.pruners.NopPruner()
+
+
 def pruner_node(value: Any) -> DictConfig:
-    return _node(value, PRUNERS, "pruner")
+    node = _node(value, PRUNERS, "pruner")
+    if node.get("_target_") in ("optuna.pruners.NopPruner", f"{__name__}.no_pruner"):
+        return OmegaConf.create({"_target_": "optuna.pruners.NopPruner"})  # as stored in the study
+    return node
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:

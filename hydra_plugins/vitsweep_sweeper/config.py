@@ -105,7 +105,11 @@ class GPSamplerConfig:
 
 @dataclass
 class NopPrunerConfig:
-    _target_: str = "optuna.pruners.NopPruner"
+    """No pruning. It takes the median pruner's two common options and ignores them, so a study file that
+    sets them (tune_vit) runs unpruned with `hydra/sweeper/pruner=none` at the same budget."""
+    _target_: str = "hydra_plugins.vitsweep_sweeper._study.no_pruner"
+    n_startup_trials: Any = None  # ignored
+    n_warmup_steps: Any = None  # ignored
 
 
 @dataclass
