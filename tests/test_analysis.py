@@ -371,3 +371,28 @@ def test_summary_table_shows_the_binary_scores_and_validation_accuracy_when_reco
     assert "test AUC" in text.columns and "val acc (%)" in text.columns
     plain = summary_table(runs.drop(columns=["test_auc", "val_auc", "test_pf1", "val_error"]), by="model.patch")
     assert not any("auc" in c or "val" in c for c in plain.columns)
+
+
+def test_history_of_runs_evaluated_once_draws_points(tmp_path):
+    """With trainer.eval_every covering the whole run there is one row per run: a line of one point is
+    invisible, so the figure must draw markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis import figures
+
+    hist = pd.DataFrame({"epoch": [4, 4], "model.patch": [4, 8], "test_error": [0.7, 0.75], "test_loss": [2.0, 2.1],
+                         "train_error": [0.6, 0.7], "train_loss": [1.9, 2.0]})
+    captured = {}
+    real = figures.save_figure
+
+    def keep(fig, out):
+        captured["lines"] = [ln for ax in fig.axes for ln in ax.get_lines()]
+        return real(fig, out)
+
+    figures.save_figure = keep
+    try:
+        figures.plot_history(hist, ["model.patch"], tmp_path / "h.png")
+    finally:
+        figures.save_figure = real
+    assert captured["lines"] and all(ln.get_marker() == "o" for ln in captured["lines"])
