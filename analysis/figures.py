@@ -122,9 +122,12 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
         if sig.any():
             axes[1].plot(peaks.loc[sig, "peak_width"], 100 * peaks.loc[sig, "peak_test_error"], "kx", ms=9,
                          label="test-error peak")
-        if (~sig).any():
-            axes[1].plot(peaks.loc[~sig, "peak_width"], 100 * peaks.loc[~sig, "peak_test_error"], "o", ms=9,
-                         mfc="none", color="0.5", label="bump within seed noise")
+        untested = peaks["peak_z"].isna() if "peak_z" in peaks else pd.Series(False, peaks.index)
+        for sel, label in ((~sig & ~untested, "bump within seed noise"),
+                           (~sig & untested, "bump, untested (one seed: no spread)")):
+            if sel.any():
+                axes[1].plot(peaks.loc[sel, "peak_width"], 100 * peaks.loc[sel, "peak_test_error"], "o", ms=9,
+                             mfc="none", color="0.5", label=label)
     titles = {"train": "train error vs width (mean ± std over seeds)",
               "test": "test error vs width (mean ± std over seeds)"}
     widths = sorted(curves[width].dropna().unique())

@@ -396,3 +396,25 @@ def test_history_of_runs_evaluated_once_draws_points(tmp_path):
     finally:
         figures.save_figure = real
     assert captured["lines"] and all(ln.get_marker() == "o" for ln in captured["lines"])
+
+
+def test_a_one_seed_bump_is_labelled_untested_not_within_noise(tmp_path):
+    """With one seed there is no spread (peak_z NaN): the figure must not call the bump seed noise."""
+    import matplotlib.pyplot as plt
+
+    from analysis.figures import plot_double_descent
+
+    curves = descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01))
+    summary = descent_summary(curves).assign(peak_width=32.0, peak_test_error=0.45, peak_significant=False,
+                                             peak_z=np.nan)
+    labels = []
+    orig = plt.Axes.legend
+    try:
+        def record(self, *a, **k):
+            labels.extend(self.get_legend_handles_labels()[1])
+            return orig(self, *a, **k)
+        plt.Axes.legend = record
+        plot_double_descent(curves, summary, tmp_path / "x.png")
+    finally:
+        plt.Axes.legend = orig
+    assert any("untested" in s for s in labels) and not any("within seed noise" in s for s in labels)
