@@ -234,15 +234,15 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
         stack = MemberStack([m.state for m in members.values()])
         while members:
             stopped = _tick(members, stack, pbar)
-            if stop.signum is not None and not stopped:  # every member just stepped: no batch is pending
-                stack.release()
-                for k in list(members):
-                    summaries[k] = finish(members[k].state, members.pop(k).end_epoch("interrupted", pbar))
-                raise RunInterrupted(stop.signum, summaries)
+            interrupted = stop.signum is not None and not stopped  # every member just stepped: none pending
+            if interrupted:
+                stopped = {k: m.end_epoch("interrupted", pbar) for k, m in members.items()}
             if stopped:  # finalise them and go on with the others
                 stack.release()
                 for k, reason in stopped.items():
                     summaries[k] = finish(members.pop(k).state, reason)
+                if interrupted:
+                    raise RunInterrupted(stop.signum, summaries)
                 if members:
                     stack = MemberStack([m.state for m in members.values()])
     return summaries
