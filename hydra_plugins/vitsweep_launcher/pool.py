@@ -203,33 +203,32 @@ def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_
 
 
 def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+    _exit_if_orphaned()  # a job the pool queued before the launching process died
     try:
-        return _run_unit_jobs(configs)
+        start = time.perf_counter()
+        if len(configs) == 1:
+            rets = [_run_job(configs[0], _WORKER["task_function"])]
+        else:
+            from .members import run_member_jobs
+
+            print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
+            rets = run_member_jobs(configs, _WORKER["hydra_context"])
+        seconds = time.perf_counter() - start
+        out = []
+        for cfg, ret in zip(configs, rets, strict=True):
+            if ret.status == JobStatus.FAILED:
+                exc = ret._return_value
+                print(f"job #{cfg.hydra.job.num} failed:\n" + "".join(traceback.format_exception(exc)), flush=True)
+                ret.return_value = _picklable(exc)
+            out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
+        return out
     finally:
-        if _WORKER.get("orphaned"):  # the running job has saved and stopped: end before another starts
-            os._exit(128 + signal.SIGTERM)
+        _exit_if_orphaned()  # the running job has saved and stopped: end before another starts
 
 
-def _run_unit_jobs(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+def _exit_if_orphaned() -> None:
     if _WORKER.get("orphaned"):
         os._exit(128 + signal.SIGTERM)
-    start = time.perf_counter()
-    if len(configs) == 1:
-        rets = [_run_job(configs[0], _WORKER["task_function"])]
-    else:
-        from .members import run_member_jobs
-
-        print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
-        rets = run_member_jobs(configs, _WORKER["hydra_context"])
-    seconds = time.perf_counter() - start
-    out = []
-    for cfg, ret in zip(configs, rets, strict=True):
-        if ret.status == JobStatus.FAILED:
-            exc = ret._return_value
-            print(f"job #{cfg.hydra.job.num} failed:\n" + "".join(traceback.format_exception(exc)), flush=True)
-            ret.return_value = _picklable(exc)
-        out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
-    return out
 
 
 def _run_job(cfg: DictConfig, task_function: Any) -> JobReturn:
