@@ -126,7 +126,7 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
     template = create_trial(
         state=TrialState.WAITING,
         system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
-        user_attrs={"retry_of": t.number, "retries": retries + counted},
+        user_attrs={"retry_of": t.number, "retries": retries + 1 if counted else retries},
     )
     number = storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
     return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
