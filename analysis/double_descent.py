@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal, stats
 
-from analysis.load import completed_only, require_columns
+from analysis.load import completed_only, one_run_per_seed, require_columns
 
 WIDTH_KEYS = ("model.width", "model.dim", "model.embed_dim", "model.channels")
 # optional train metrics: summary key -> column prefix in descent_curves
@@ -47,7 +47,8 @@ def width_column(df: pd.DataFrame) -> str:
 def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "label_noise.p",
                    train: str = "train_error", test: str = "test_error", by: list[str] | None = None,
                    status: str | None = "completed") -> pd.DataFrame:
-    """Mean, std and seed count of train and test error per (by..., noise, width), sorted by width.
+    """Mean, std and seed count of train and test error per (by..., noise, width), sorted by width (runs repeating
+    a seed are averaged first and count once).
 
     Columns ``train_mean/std``, ``test_mean/std``, ``n_seeds``, plus ``train_clean_mean/std`` and
     ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``."""
@@ -58,6 +59,7 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
     keys = [*by, noise, width]
     metrics = {train: "train", test: "test"}
     metrics.update({k: v for k, v in EXTRA_TRAIN.items() if k in df.columns and df[k].notna().any()})
+    df = one_run_per_seed(df, keys, list(metrics), "descent_curves")
     g = df.groupby(keys, dropna=False)
     out = g[list(metrics)].agg(["mean", "std"])
     out.columns = [f"{metrics[m]}_{stat}" for m, stat in out.columns]

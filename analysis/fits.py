@@ -32,13 +32,16 @@ import pandas as pd
 from scipy import stats
 from scipy.optimize import curve_fit
 
-from analysis.load import completed_only, require_columns
+from analysis.load import completed_only, one_run_per_seed, require_columns
 
 
 def curve_points(df: pd.DataFrame, x: str, y: str, by: list[str], seed_col: str | None = "seed") -> pd.DataFrame:
-    """Mean, std and number of seeds of ``y`` per group and size (the points a fit uses)."""
+    """Mean, std and number of seeds of ``y`` per group and size (the points a fit uses); runs repeating a seed
+    are averaged first."""
     require_columns(df, x, y, *by)
     cols = [*by, x]
+    if seed_col is not None:
+        df = one_run_per_seed(df, cols, [y], "curve_points", seed_col)
     g = df.dropna(subset=[y]).groupby(cols, dropna=False)[y]
     return g.agg(mean="mean", std="std", n_seeds="count").reset_index()
 

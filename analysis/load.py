@@ -52,6 +52,21 @@ def completed_only(df: pd.DataFrame, who: str, status: str | None = "completed")
     return df[keep]
 
 
+def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who: str,
+                     seed_col: str = "seed") -> pd.DataFrame:
+    """``df`` with runs that repeat a (``keys``, seed) averaged into one row, so a repeat (the same grid read from
+    two folders, a rerun beside the first run) never counts as an extra seed; warns when it averages."""
+    if seed_col not in df.columns or df[seed_col].isna().all():
+        return df
+    cols = [*keys, seed_col]
+    dup = df.duplicated(cols, keep=False)
+    if not dup.any():
+        return df
+    warnings.warn(f"{who}: {int(dup.sum())} runs repeat a seed of the same setting ({', '.join(cols)}); each "
+                  "seed's runs are averaged and counted once", stacklevel=3)
+    return df.groupby(cols, dropna=False, sort=False, as_index=False)[metrics].mean()
+
+
 def find_run_dirs(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     """Every folder under ``paths`` (recursively, the paths themselves included) holding .hydra/config.yaml."""
     paths = [paths] if isinstance(paths, str | Path) else list(paths)

@@ -16,7 +16,7 @@ from analysis import figures
 from analysis.double_descent import WIDTH_KEYS, descent_curves, descent_summary
 from analysis.fits import fit_learning_curve
 from analysis.load import load_history, load_runs
-from analysis.tables import format_table, summary_table, to_markdown, write_table
+from analysis.tables import format_table, format_value, summary_table, to_markdown, write_table
 
 # config keys that never count as "what the sweep varied"
 IGNORED_PREFIXES = ("hydra.", "trial.")
@@ -33,17 +33,24 @@ MAX_ROWS = 60  # rows per Markdown table (the CSV has them all): every group of 
 
 def varied_keys(df: pd.DataFrame) -> list[str]:
     """Config columns taking more than one value across runs, minus seeds, bookkeeping and stop rules
-    (``IGNORED_RUN_SETTINGS``); of keys that map one-to-one onto each other (model._target_ and
-    model.name) only the first is kept."""
+    (``IGNORED_RUN_SETTINGS``); of non-numeric keys that map one-to-one onto each other (model._target_ and
+    model.name) only the first is kept. Numeric keys are always kept: in a continuous search every sampled
+    float is unique per trial, so lr and weight decay map one-to-one without being aliases."""
     cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
     keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
             and c not in IGNORED_RUN_SETTINGS and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES
             and df[c].astype(str).nunique() > 1]
+    numeric = pd.api.types.is_numeric_dtype
+
+    def alias(k: str, j: str) -> bool:  # two identifiers naming the same choice
+        if numeric(df[k]) or numeric(df[j]):
+            return False
+        a, b = df[k].astype(str), df[j].astype(str)
+        return a.groupby(b).nunique().max() == 1 and b.groupby(a).nunique().max() == 1
+
     kept: list[str] = []
     for k in keys:
-        s = df[k].astype(str)
-        if not any(s.groupby(df[j].astype(str)).nunique().max() == 1
-                   and df[j].astype(str).groupby(s).nunique().max() == 1 for j in kept):
+        if not any(alias(k, j) for j in kept):
             kept.append(k)
     return kept
 
@@ -80,6 +87,44 @@ def _results(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     rep.table(table, "results", format_table(table))
     shown = table.head(MAX_GROUPS * 2)
     rep.figure(figures.plot_bars(shown, varied, rep.out / "figures" / "results_bars.png"), "test accuracy and time")
+
+
+def _number(v) -> str:
+    return format_value(v) if isinstance(v, float) else str(v)
+
+
+def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
+    """Every trial of the Optuna studies in these folders, pruned and stopped ones included, with its
+    objective; the best completed trial of each study named."""
+    keys = [c for c in ("study_name", "trial.storage") if c in runs]
+    studies = runs[keys].fillna("").astype(str).agg(" in ".join, axis=1) if keys else pd.Series("", index=runs.index)
+    rep.add("## Trials", "", "Every trial, in order, with the objective it reported last (a pruned trial's value "
+            "is from the evaluation it was pruned at); the tables above use completed trials only.", "")
+    for i, (study, t) in enumerate(runs.assign(_study=studies).groupby("_study", sort=True)):
+        t = t.sort_values("trial_number")
+        name = t["objective_name"].dropna().iloc[0] if t["objective_name"].notna().any() else "objective"
+        direction = t["objective_direction"].dropna().iloc[0] if "objective_direction" in t and \
+            t["objective_direction"].notna().any() else "minimize"
+        state = [f"{st} ({why})" if isinstance(why, str) and why and st != "completed" else st
+                 for st, why in zip(t["status"], t.get("stop_reason", [None] * len(t)), strict=True)]
+        table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"), "status": state})
+        if "optuna_state" in t and t["optuna_state"].notna().any():
+            table["Optuna state"] = t["optuna_state"].fillna("-").to_numpy()
+        cols = [*varied, "objective", *(c for c in ("epochs", "wall_s") if c in t)]
+        table[cols] = t[cols].to_numpy()
+        shown = table.rename(columns={"objective": name, "wall_s": "wall (m:s)"})
+        for c in shown.columns[len(table.columns) - len(cols):]:
+            shown[c] = [format_value(v, "time") if c == "wall (m:s)" and isinstance(v, float) else _number(v)
+                        for v in shown[c]]
+        if studies.nunique() > 1:
+            rep.add(f"Study `{study}`:", "")
+        rep.table(table, f"trials_{i}" if i else "trials", shown)
+        done = t[(t["status"] == "completed") & t["objective"].notna()]
+        if len(done):
+            best = done.loc[done["objective"].idxmin() if direction == "minimize" else done["objective"].idxmax()]
+            params = ", ".join(f"`{k}` = {_number(best[k])}" for k in varied)
+            rep.add(f"Best trial: {int(best['trial_number'])} ({direction}), {name} = {_number(best['objective'])}"
+                    + (f"; {params}" if params else "") + ".", "")
 
 
 def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
@@ -167,6 +212,8 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
         rep.add("No completed runs yet: nothing to tabulate.", "")
     else:
         _results(rep, runs, varied)
+        if "trial_number" in runs and "objective" in runs and runs["trial_number"].notna().any():
+            _trials(rep, runs[runs["trial_number"].notna()], varied)
         _history(rep, paths, varied)
         if "dataset.n_train" in varied or ("n_train" in runs and runs["n_train"].nunique() > 1):
             _learning_curves(rep, runs, varied, n_boot)

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import completed_only, require_columns
+from analysis.load import completed_only, one_run_per_seed, require_columns
 
 # metric column -> (header, kind); kind picks the formatting
 METRICS = {
@@ -33,12 +33,13 @@ def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
 
 def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | None = None,
                   status: str | None = "completed") -> pd.DataFrame:
-    """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``."""
+    """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``
+    (runs repeating a seed of one setting are averaged first and count once)."""
     by = [by] if isinstance(by, str) else list(by)
     df = with_accuracies(df)
     metrics = metrics or [m for m in METRICS if m in df.columns]
     require_columns(df, *by, *metrics)
-    df = completed_only(df, "summary_table", status)
+    df = one_run_per_seed(completed_only(df, "summary_table", status), by, metrics, "summary_table")
     g = df.groupby(by, dropna=False, sort=True) if by else df.assign(_all="all runs").groupby("_all")
     out = g[metrics].agg(["mean", "std"])
     out.columns = [f"{m}_{stat}" for m, stat in out.columns]
@@ -46,7 +47,9 @@ def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | No
     return out.reset_index()
 
 
-def _fmt(x: float, kind: str) -> str:
+def format_value(x: float, kind: str = "num") -> str:
+    """One number for a table: ``time`` as m:s, ``pct`` as percent, ``num`` to 4 significant digits (tiny values,
+    such as learning rates, in e-notation)."""
     if not np.isfinite(x):
         return "-"
     if kind == "time":
@@ -54,7 +57,7 @@ def _fmt(x: float, kind: str) -> str:
         return f"{s // 60}:{s % 60:02d}"
     if kind == "pct":
         return f"{100 * x:.2f}"
-    return f"{x:.4g}"
+    return f"{x:.2e}" if x != 0 and abs(x) < 1e-3 else f"{x:.4g}"
 
 
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -65,7 +68,7 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     for m in metrics:
         header, kind = METRICS.get(m, (m, "num"))
         mean, std = table[f"{m}_mean"], table[f"{m}_std"]
-        out[header] = [_fmt(a, kind) + (f" ± {_fmt(b, kind)}" if np.isfinite(b) else "")
+        out[header] = [format_value(a, kind) + (f" ± {format_value(b, kind)}" if np.isfinite(b) else "")
                        for a, b in zip(mean, std, strict=True)]
     out["seeds"] = table["n_seeds"]
     return out

@@ -418,3 +418,70 @@ def test_a_one_seed_bump_is_labelled_untested_not_within_noise(tmp_path):
     finally:
         plt.Axes.legend = orig
     assert any("untested" in s for s in labels) and not any("within seed noise" in s for s in labels)
+
+
+def tuning_study(root: Path, storage: str = "sqlite:///a.db") -> Path:
+    """A 5-trial continuous search as the sweeper leaves it: lr, weight decay and dropout unique per trial,
+    trials 3 and 4 pruned after 2 of 3 epochs."""
+    draws = [(1e-3, 0.01, 0.10), (3e-4, 0.002, 0.25), (1.27e-4, 0.0016, 0.0061), (1.5e-3, 0.0139, 0.234),
+             (5.9e-4, 0.0106, 0.0791)]
+    val = [0.79, 0.84, 0.7467, 0.8567, 0.8133]
+    for i, ((lr, wd, drop), v) in enumerate(zip(draws, val, strict=True)):
+        cfg = config(0)
+        cfg["optimizer"] = {"lr": lr, "weight_decay": wd}
+        cfg["model"]["dropout"] = drop
+        cfg["trial"] = {"storage": storage, "study_name": "tune_vit", "number": i}
+        pruned = i >= 3
+        write_run(root, i, cfg, summary(0.75, status="stopped" if pruned else "completed", trial_number=i,
+                                        objective_name="val_error", objective_direction="minimize",
+                                        study_name="tune_vit", objective=v, val_error=v, epochs=2 if pruned else 3,
+                                        **({"stop_reason": "pruned"} if pruned else {})))
+    return root
+
+
+def test_continuous_tuned_parameters_are_all_reported(tmp_path):
+    """Every float a search sampled is unique per trial, so lr, weight decay and dropout map one-to-one onto
+    each other; they are different parameters, not aliases, and each must stay in the report."""
+    runs = load_runs(tuning_study(tmp_path / "sweep"), optuna_state=False)
+    assert varied_keys(runs) == ["model.dropout", "optimizer.lr", "optimizer.weight_decay"]
+
+
+def test_a_study_report_lists_every_trial_with_its_objective_and_the_best(tmp_path):
+    out = tmp_path / "report"
+    make_report([tuning_study(tmp_path / "sweep")], out, n_boot=50)
+    text = (out / "report.md").read_text()
+    trials = text.split("## Trials", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in trials.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 5  # the pruned trials too
+    assert sum("pruned" in r for r in rows) == 2
+    assert "0.7467" in trials and "1.27e-04" in trials  # objective and the sampled lr, readable
+    assert "Best trial: 2" in trials and "val_error = 0.7467" in trials
+
+
+def test_two_studies_of_one_name_in_two_storages_are_listed_apart(tmp_path):
+    """Two arms of a comparison (with and without a pruner) often share a study name, each in its own storage."""
+    tuning_study(tmp_path / "sweep" / "a", storage="sqlite:///a.db")
+    tuning_study(tmp_path / "sweep" / "b", storage="sqlite:///b.db")
+    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
+    text = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
+    assert text.count("Best trial: 2") == 2 and "sqlite:///a.db" in text and "sqlite:///b.db" in text
+
+
+def test_history_legend_shows_floats_readably():
+    from analysis.figures import group_label
+
+    assert group_label(["model.dropout", "model.patch"], (0.1150324556477333, 4)) == "dropout=0.115, patch=4"
+
+
+def test_a_seed_run_twice_counts_as_one_seed(tmp_path):
+    """The same grid passed in two folders (a rerun beside the first run) repeats every (config, seed): the
+    repeats are averaged per seed, never counted as extra seeds that shrink the spread."""
+    double_descent_sweep(tmp_path / "a", seeds=2)
+    double_descent_sweep(tmp_path / "b", seeds=2)
+    runs = load_runs([tmp_path / "a", tmp_path / "b"])
+    with pytest.warns(UserWarning, match="repeat a seed"):
+        curves = descent_curves(runs)
+    assert (curves["n_seeds"] == 2).all()
+    with pytest.warns(UserWarning, match="repeat a seed"):
+        table = summary_table(runs, ["model.dim", "label_noise.p"])
+    assert (table["n_seeds"] == 2).all()
