@@ -417,3 +417,10 @@ def test_tune_vit_runs_unpruned_with_the_none_pruner(tmp_path):
 
     stored = study._storage.get_study_system_attrs(study._study_id)[PRUNER_ATTR]
     assert stored == {"_target_": "optuna.pruners.NopPruner"}
+
+
+def test_the_default_tpe_sampler_builds_without_deprecation_warnings(tmp_path):
+    """Optuna 5 deprecates five TPE keys that hydra-optuna-sweeper's config carries at their defaults; a sweep
+    must not open with five FutureWarnings (Hydra used to build the nested sampler node itself, all keys on)."""
+    proc = sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=tpe", "hydra.sweeper.n_trials=1")
+    assert "FutureWarning" not in proc.stderr, proc.stderr[-2000:]

@@ -98,8 +98,8 @@ class SweeperImpl:
         if bad or not self.directions:
             raise ValueError(f"hydra.sweeper.direction: expected minimize/maximize or a list of them, got {raw}")
 
-        # Hydra has already instantiated the nested nodes passed to __init__; read the raw ones,
-        # which this sweeper rebuilds per worker with a resume-aware seed.
+        # The sampler and pruner come unbuilt (_recursive_: false); read them from the config, where the
+        # string shorthands are resolved, and build them per worker with a resume-aware seed.
         self.sampler_node = st.sampler_node(OmegaConf.select(self.config, "hydra.sweeper.sampler"))
         self.pruner_node = st.pruner_node(OmegaConf.select(self.config, "hydra.sweeper.pruner"))
         self.pruner = st.build(self.pruner_node, "pruner")

@@ -169,6 +169,9 @@ PRUNERS = {
 @dataclass
 class VitsweepSweeperConf:
     _target_: str = "hydra_plugins.vitsweep_sweeper.sweeper.VitsweepSweeper"
+    # Hydra passes the sampler and pruner nodes unbuilt: the sweeper builds them per worker, with a resume-aware
+    # seed and without the keys Optuna 5 deprecated (built by Hydra they warned five times and were thrown away)
+    _recursive_: bool = False
     defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
 
     sampler: Any = MISSING  # a node with _target_, or a name from SAMPLERS
