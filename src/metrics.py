@@ -25,6 +25,27 @@ def binary_metrics(prob_pos: np.ndarray, labels: np.ndarray) -> dict[str, float]
     return {"auc": auc, "pf1": pf1, "sensitivity": sens, "specificity": spec, "balanced_acc": (sens + spec) / 2}
 
 
+def batchnorm_start_share(model: torch.nn.Module, steps: int) -> float:
+    """The largest share of its start value (mean 0, variance 1) that a BatchNorm running statistic of ``model``
+    still holds after ``steps`` training updates: ``(1 - momentum) ** steps`` (0 without BatchNorm, or with
+    ``momentum=None``, PyTorch's cumulative average)."""
+    shares = [(1.0 - m.momentum) ** steps for m in model.modules()
+              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+              and m.momentum is not None]
+    return max(shares, default=0.0)
+
+
+@torch.no_grad()
+def recompute_batchnorm(model: torch.nn.Module, loader, autocast: contextlib.AbstractContextManager | None = None
+                        ) -> None:
+    """Replace the BatchNorm running statistics of ``model`` by their average over ``loader`` (one forward pass in
+    train mode, as ``torch.optim.swa_utils.update_bn``, under the run's autocast)."""
+    from torch.optim.swa_utils import update_bn
+
+    with autocast or contextlib.nullcontext():
+        update_bn(loader, model)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader, autocast: contextlib.AbstractContextManager | None = None,
              num_classes: int | None = None, clean_labels: torch.Tensor | None = None,
