@@ -165,3 +165,46 @@ def test_five_versus_eight_run_gives_two_class_rows(tmp_path):
 def test_cli_reports_a_missing_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="src.attention: .*checkpoint.pt not found"):
         main([str(tmp_path)])
+
+
+def test_uniform_attention_distance_is_the_reference_the_figure_draws(tmp_path, monkeypatch):
+    """A layer's mean distance reads as local or global only against attention spread evenly over the grid."""
+    n = 16
+    uniform = torch.full((1, 1, n + 1, n + 1), 1.0 / (n + 1))
+    ref = maps.uniform_attention_distance(4, patch_size=4)
+    torch.testing.assert_close(torch.tensor(ref), maps.mean_attention_distance([uniform], 4)[0, 0])
+    from src.attention import plots
+
+    seen = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: seen.setdefault("fig", fig) and out)
+    plots.plot_distance(torch.rand(2, 3) * 8, 16, tmp_path / "d.png", uniform=ref)
+    ax = seen["fig"].axes[0]
+    assert any(np.allclose(line.get_ydata(), ref) for line in ax.get_lines())
+    assert "uniform attention" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_attention_overlays_share_one_colour_scale_per_column(tmp_path, monkeypatch):
+    """A flat map must look flat beside a peaked one: each column (a layer, or the rollout) has one scale from 0,
+    not one per panel stretched to its own range."""
+    from src.attention import plots
+
+    seen = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: seen.setdefault("fig", fig) and out)
+    raw = torch.zeros(2, 1, 8, 8, dtype=torch.uint8)
+    flat, peaked = torch.full((2, 2), 0.25), torch.tensor([[0.97, 0.01], [0.01, 0.01]])
+    cls = torch.stack([flat, peaked])[None]  # (layers=1, rows=2, g, g), head-mean already
+    plots.plot_cls_grid(raw, cls, torch.stack([flat, peaked]), ["a", "b"], tmp_path / "g.png", "t")
+    axes = np.array(seen["fig"].axes).reshape(2, 3)
+    for col in (1, 2):
+        limits = [axes[row, col].get_images()[-1].get_clim() for row in range(2)]
+        assert limits == [(0.0, pytest.approx(0.97, rel=1e-6))] * 2, limits
+
+
+def test_shown_images_take_turns_over_the_classes():
+    """In a 5-vs-8 run the first test images can all be 5s; the figure shows every class before repeating one."""
+    from src.attention.tool import first_per_class, spread_over_classes
+
+    labels = torch.tensor([5, 5, 5, 8, 8, 5])
+    assert spread_over_classes(labels, 4).tolist() == [0, 3, 1, 4]
+    assert spread_over_classes(torch.tensor([7, 2, 1, 0, 4]), 3).tolist() == [0, 1, 2]  # mixed: the first N
+    assert first_per_class(labels, 2).tolist() == [0, 1, 3, 4]

@@ -48,6 +48,13 @@ def mean_attention_distance(attns: list[torch.Tensor], patch_size: int) -> torch
     return torch.stack(out)
 
 
+def uniform_attention_distance(grid: int, patch_size: int) -> float:
+    """The mean attention distance (pixels) of attention spread evenly over a ``grid`` x ``grid`` patch grid: the
+    reference a layer's distance is read against (below: local, near: global)."""
+    ij = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2).float()
+    return float(torch.cdist(ij, ij).mean() * patch_size)
+
+
 def class_means(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean of ``values`` (B, ...) over the images of each class: (num_classes, ...) and the counts
     (num_classes,); a class without images gets NaN."""

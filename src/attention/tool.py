@@ -69,14 +69,25 @@ def attention_maps(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tenso
     return logits, [a.float() for a in attns]
 
 
-def first_per_class(labels: torch.Tensor, per_class: int) -> torch.Tensor:
-    """Indices of the first ``per_class`` images of every class, in index order."""
-    order = torch.arange(len(labels))
+def class_rank(labels: torch.Tensor) -> torch.Tensor:
+    """Each image's position among the images of its class, in index order (0 for the first of a class)."""
     rank = torch.zeros_like(labels)
     for c in labels.unique():
         sel = labels == c
         rank[sel] = torch.arange(int(sel.sum()))
-    return order[rank < per_class]
+    return rank
+
+
+def first_per_class(labels: torch.Tensor, per_class: int) -> torch.Tensor:
+    """Indices of the first ``per_class`` images of every class, in index order."""
+    return torch.nonzero(class_rank(labels) < per_class).flatten()
+
+
+def spread_over_classes(labels: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` image indices taking turns over the classes: the first image of every class (in index order), then the
+    second of every class, and so on; on a shuffled 10-class test split the first 10 are the first 10 images."""
+    key = class_rank(labels) * len(labels) + torch.arange(len(labels))
+    return torch.argsort(key)[:n]
 
 
 @torch.no_grad()
@@ -103,14 +114,16 @@ def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bo
     raw_all, labels_all, names = load_test_split(run_dir)
     patch, side = int(getattr(model, "patch_size", 1)), int(ckpt["data"]["image_shape"][-1])
 
-    raw, labels = raw_all[:images], labels_all[:images]
+    shown = spread_over_classes(labels_all, images)
+    raw, labels = raw_all[shown], labels_all[shown]
     logits, attns = attention_maps(model, normalise(raw, ckpt).to(device))
     cls, preds = maps.cls_attention(attns).cpu(), logits.argmax(-1).cpu()
     titles = [f"label {names[int(t)]}, pred {names[int(p)]}" for t, p in zip(labels, preds, strict=True)]
     written = [plots.plot_cls_grid(raw, cls, maps.attention_rollout(attns).cpu(), titles, out / "cls_attention.png",
                                    "CLS-token attention over the image (mean over heads) and attention rollout")]
     if per_head:
-        written += [plots.plot_heads(raw, cls, i, out / f"cls_attention_heads_{i}.png") for i in range(len(raw))]
+        written += [plots.plot_heads(raw, cls, i, out / f"cls_attention_heads_{i}.png",
+                                     f"test image {int(shown[i])} ({titles[i]})") for i in range(len(raw))]
 
     idx = first_per_class(labels_all, per_class)
     k = len(names)
@@ -125,20 +138,23 @@ def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bo
         [f"class {names[c]} (mean of {int(counts[c])})" for c in range(k) if shown[c]],
         out / "cls_attention_class_mean.png",
         f"class-mean CLS attention (mean over heads and up to {per_class} test images per class) and rollout"))
-    written.append(plots.plot_distance(dist, side, out / "attention_distance.png"))
+    uniform = maps.uniform_attention_distance(side // patch, patch)
+    written.append(plots.plot_distance(dist, side, out / "attention_distance.png", uniform))
     sim = maps.position_similarity(model.pos_embed)
     written.append(plots.plot_position_similarity(sim, out / "position_similarity.png"))
     npz = out / "attention.npz"
     np.savez_compressed(npz, class_names=np.array(names), class_counts=counts.numpy(),
                         class_mean_cls=mean_cls.numpy(), class_mean_rollout=mean_roll.numpy(),
-                        mean_distance=dist.numpy(), position_similarity=sim.numpy())
+                        mean_distance=dist.numpy(), uniform_distance=uniform, position_similarity=sim.numpy())
     return [*written, npz]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m src.attention", description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", help="a ViT run dir holding checkpoint.pt and .hydra/config.yaml")
-    ap.add_argument("--images", type=int, default=8, help="test images shown one per row (first N of the test split)")
+    ap.add_argument("--images", type=int, default=8,
+                    help="test images shown one per row, taking turns over the classes (the first of every class, "
+                         "then the second, ...)")
     ap.add_argument("--per-class", type=int, default=100,
                     help="test images per class averaged into the class-mean maps and the attention distance")
     ap.add_argument("--per-head", action="store_true", help="also one grid per image with every head")
