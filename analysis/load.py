@@ -186,8 +186,18 @@ def _optuna_states(df: pd.DataFrame) -> pd.Series:
     return states
 
 
+def _require_sqlite_file(storage: str) -> None:
+    """Opening a missing SQLite file would create an empty database: reading must never write."""
+    if storage.startswith("sqlite:///"):
+        path = Path(storage.removeprefix("sqlite:///").split("?", 1)[0])
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file {path} (relative paths are from {Path.cwd()})")
+
+
 def _study_trials(storage: str, study_name: str) -> dict[int, str]:
     import optuna
+
+    _require_sqlite_file(storage)
 
     study = optuna.load_study(study_name=study_name, storage=storage)
     return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
@@ -239,6 +249,7 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
     """
     import optuna
 
+    _require_sqlite_file(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:

@@ -420,7 +420,7 @@ def test_a_one_seed_bump_is_labelled_untested_not_within_noise(tmp_path):
     assert any("untested" in s for s in labels) and not any("within seed noise" in s for s in labels)
 
 
-def tuning_study(root: Path, storage: str = "sqlite:///a.db") -> Path:
+def tuning_study(root: Path, storage: str | None = None) -> Path:
     """A 5-trial continuous search as the sweeper leaves it: lr, weight decay and dropout unique per trial,
     trials 3 and 4 pruned after 2 of 3 epochs."""
     draws = [(1e-3, 0.01, 0.10), (3e-4, 0.002, 0.25), (1.27e-4, 0.0016, 0.0061), (1.5e-3, 0.0139, 0.234),
@@ -430,7 +430,8 @@ def tuning_study(root: Path, storage: str = "sqlite:///a.db") -> Path:
         cfg = config(0)
         cfg["optimizer"] = {"lr": lr, "weight_decay": wd}
         cfg["model"]["dropout"] = drop
-        cfg["trial"] = {"storage": storage, "study_name": "tune_vit", "number": i}
+        if storage:
+            cfg["trial"] = {"storage": storage, "study_name": "tune_vit", "number": i}
         pruned = i >= 3
         write_run(root, i, cfg, summary(0.75, status="stopped" if pruned else "completed", trial_number=i,
                                         objective_name="val_error", objective_direction="minimize",
@@ -460,11 +461,13 @@ def test_a_study_report_lists_every_trial_with_its_objective_and_the_best(tmp_pa
 
 def test_two_studies_of_one_name_in_two_storages_are_listed_apart(tmp_path):
     """Two arms of a comparison (with and without a pruner) often share a study name, each in its own storage."""
-    tuning_study(tmp_path / "sweep" / "a", storage="sqlite:///a.db")
-    tuning_study(tmp_path / "sweep" / "b", storage="sqlite:///b.db")
-    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
+    a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"  # storages that do not exist: no state
+    tuning_study(tmp_path / "sweep" / "a", storage=a)
+    tuning_study(tmp_path / "sweep" / "b", storage=b)
+    with pytest.warns(UserWarning, match="cannot open Optuna study"):
+        make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
     text = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
-    assert text.count("Best trial: 2") == 2 and "sqlite:///a.db" in text and "sqlite:///b.db" in text
+    assert text.count("Best trial: 2") == 2 and a in text and b in text
 
 
 def test_history_legend_shows_floats_readably():
@@ -485,3 +488,14 @@ def test_a_seed_run_twice_counts_as_one_seed(tmp_path):
     with pytest.warns(UserWarning, match="repeat a seed"):
         table = summary_table(runs, ["model.dim", "label_noise.p"])
     assert (table["n_seeds"] == 2).all()
+
+
+def test_reading_runs_never_creates_a_storage_file(tmp_path):
+    """A run's trial.storage can name an SQLite file that is gone (moved, or relative to another cwd): reading the
+    runs warns and leaves no empty database behind."""
+    missing = tmp_path / "elsewhere" / "optuna.db"
+    missing.parent.mkdir()
+    tuning_study(tmp_path / "sweep", storage=f"sqlite:///{missing}")
+    with pytest.warns(UserWarning, match="no such file"):
+        runs = load_runs(tmp_path / "sweep")
+    assert not missing.exists() and runs["optuna_state"].isna().all()
