@@ -153,7 +153,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
     for ax, m in zip(axes[0], metrics, strict=True):
         header, kind = METRICS.get(m, (m, "num"))
         scale = 100.0 if kind == "pct" else 1.0
-        unit_header = "training time (s)" if kind == "time" else header
+        unit_header = "wall time (s), training + evaluation" if kind == "time" else header
         ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * table[f"{m}_std"].fillna(0), capsize=4, color=colors)
         ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=8)
         ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds")

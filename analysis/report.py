@@ -83,7 +83,7 @@ class Report:
 def _results(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     table = summary_table(runs, varied)
     rep.add(f"## Results per {', '.join(varied) or 'sweep'}", "",
-            "Mean ± std over seeds of completed runs; training time is wall-clock (m:s).", "")
+            "Mean ± std over seeds of completed runs; wall time (m:s) is training plus evaluation and checkpoints.", "")
     rep.table(table, "results", format_table(table))
     shown = table.head(MAX_GROUPS * 2)
     rep.figure(figures.plot_bars(shown, varied, rep.out / "figures" / "results_bars.png"), "test accuracy and time")

@@ -10,7 +10,7 @@ from analysis.load import completed_only, one_run_per_seed, require_columns
 
 # metric column -> (header, kind); kind picks the formatting
 METRICS = {
-    "wall_s": ("training time (m:s)", "time"),
+    "wall_s": ("wall time (m:s)", "time"),  # training plus evaluation and checkpoints, across resumes
     "train_acc": ("train acc (%)", "pct"),
     "val_acc": ("val acc (%)", "pct"),
     "test_acc": ("test acc (%)", "pct"),

@@ -251,7 +251,7 @@ def test_report_learning_curve_sweep_writes_every_promised_file(tmp_path, capsys
     text = (out / "report.md").read_text()
     assert "`dataset.n_train`" in text and "`model.patch`" in text and "## Learning curves" in text
     assert "## Double descent" not in text
-    assert "1:01 ± 0:00" in text  # 61 s training time in m:s
+    assert "1:01 ± 0:00" in text and "wall time (m:s)" in text  # 61 s of training + evaluation, in m:s
 
 
 def test_report_double_descent_sweep(tmp_path):
