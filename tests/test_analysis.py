@@ -464,8 +464,11 @@ def test_two_studies_of_one_name_in_two_storages_are_listed_apart(tmp_path):
     a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"  # storages that do not exist: no state
     tuning_study(tmp_path / "sweep" / "a", storage=a)
     tuning_study(tmp_path / "sweep" / "b", storage=b)
-    with pytest.warns(UserWarning, match="cannot open Optuna study"):
+    with pytest.warns(UserWarning) as caught:
         make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "cannot open Optuna study" in messages  # the storages do not exist
+    assert "repeat a seed" in messages  # the arms drew the same configurations: one seed each in the results table
     text = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
     assert text.count("Best trial: 2") == 2 and a in text and b in text
 
