@@ -59,12 +59,13 @@ def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who:
     if seed_col not in df.columns or df[seed_col].isna().all():
         return df
     cols = [*keys, seed_col]
-    dup = df.duplicated(cols, keep=False)
+    dup = df.duplicated(cols, keep=False) & df[seed_col].notna()  # runs without a seed are never repeats
     if not dup.any():
         return df
     warnings.warn(f"{who}: {int(dup.sum())} runs repeat a seed of the same setting ({', '.join(cols)}); each "
                   "seed's runs are averaged and counted once", stacklevel=3)
-    return df.groupby(cols, dropna=False, sort=False, as_index=False)[metrics].mean()
+    merged = df[dup].groupby(cols, dropna=False, sort=False, as_index=False)[metrics].mean()
+    return pd.concat([df.loc[~dup, [*cols, *metrics]], merged], ignore_index=True)
 
 
 def find_run_dirs(paths: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -33,19 +33,20 @@ MAX_ROWS = 60  # rows per Markdown table (the CSV has them all): every group of 
 
 def varied_keys(df: pd.DataFrame) -> list[str]:
     """Config columns taking more than one value across runs, minus seeds, bookkeeping and stop rules
-    (``IGNORED_RUN_SETTINGS``); of non-numeric keys that map one-to-one onto each other (model._target_ and
-    model.name) only the first is kept. Numeric keys are always kept: in a continuous search every sampled
-    float is unique per trial, so lr and weight decay map one-to-one without being aliases."""
+    (``IGNORED_RUN_SETTINGS``); of keys that map one-to-one onto each other (model._target_ and model.name, or
+    model.mlp_dim set to 2 x model.dim by a preset) only the first is kept. A numeric key whose value differs in
+    every run is always kept: in a continuous search every sampled float is unique per trial, so lr and weight
+    decay map one-to-one without being aliases."""
     cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
     keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
             and c not in IGNORED_RUN_SETTINGS and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES
             and df[c].astype(str).nunique() > 1]
     numeric = pd.api.types.is_numeric_dtype
 
-    def alias(k: str, j: str) -> bool:  # two identifiers naming the same choice
-        if numeric(df[k]) or numeric(df[j]):
-            return False
+    def alias(k: str, j: str) -> bool:  # two keys naming the same choice (model._target_ / model.name, mlp_dim / dim)
         a, b = df[k].astype(str), df[j].astype(str)
+        if (numeric(df[k]) or numeric(df[j])) and a.nunique() == len(df):
+            return False  # a float sampled anew for every run: a parameter of its own
         return a.groupby(b).nunique().max() == 1 and b.groupby(a).nunique().max() == 1
 
     kept: list[str] = []
@@ -97,12 +98,14 @@ def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     """Every trial of the Optuna studies in these folders, pruned and stopped ones included, with its
     objective; the best completed trial of each study named."""
     keys = [c for c in ("study_name", "trial.storage") if c in runs]
-    studies = runs[keys].fillna("").astype(str).agg(" in ".join, axis=1) if keys else pd.Series("", index=runs.index)
+    studies = (runs[keys].astype("string").fillna("").agg(" in ".join, axis=1) if keys
+               else pd.Series("", index=runs.index))
     rep.add("## Trials", "", "Every trial, in order, with the objective it reported last (a pruned trial's value "
             "is from the evaluation it was pruned at); the tables above use completed trials only.", "")
     for i, (study, t) in enumerate(runs.assign(_study=studies).groupby("_study", sort=True)):
         t = t.sort_values("trial_number")
-        name = t["objective_name"].dropna().iloc[0] if t["objective_name"].notna().any() else "objective"
+        name = t["objective_name"].dropna().iloc[0] if "objective_name" in t and t["objective_name"].notna().any() \
+            else "objective"
         direction = t["objective_direction"].dropna().iloc[0] if "objective_direction" in t and \
             t["objective_direction"].notna().any() else "minimize"
         state = [f"{st} ({why})" if isinstance(why, str) and why and st != "completed" else st

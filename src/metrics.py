@@ -39,10 +39,13 @@ def batchnorm_start_share(model: torch.nn.Module, steps: int) -> float:
 def recompute_batchnorm(model: torch.nn.Module, loader, autocast: contextlib.AbstractContextManager | None = None
                         ) -> None:
     """Replace the BatchNorm running statistics of ``model`` by their average over ``loader`` (one forward pass in
-    train mode, as ``torch.optim.swa_utils.update_bn``, under the run's autocast)."""
+    train mode, as ``torch.optim.swa_utils.update_bn``, under the run's autocast). The random numbers its dropout
+    draws come from a forked generator, so training goes on exactly as if no evaluation had happened."""
     from torch.optim.swa_utils import update_bn
 
-    with autocast or contextlib.nullcontext():
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type), \
+            autocast or contextlib.nullcontext():
         update_bn(loader, model)
 
 

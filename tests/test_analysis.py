@@ -21,6 +21,7 @@ from analysis import (
     load_study,
     summary_table,
 )
+from analysis.load import one_run_per_seed
 from analysis.report import make_report, varied_keys
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
@@ -502,3 +503,25 @@ def test_reading_runs_never_creates_a_storage_file(tmp_path):
     with pytest.warns(UserWarning, match="no such file"):
         runs = load_runs(tmp_path / "sweep")
     assert not missing.exists() and runs["optuna_state"].isna().all()
+
+
+def test_a_key_set_from_another_by_a_preset_is_an_alias_not_a_second_width(tmp_path):
+    """double_descent_vit sets model.mlp_dim = 2 x model.dim: taken as a second compared key it split every width
+    into its own curve, and the report found no threshold and no peak while looking complete."""
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    for cfg_path in root.glob("*/.hydra/config.yaml"):
+        cfg = yaml.safe_load(cfg_path.read_text())
+        cfg["model"]["mlp_dim"] = 2 * cfg["model"]["dim"]
+        cfg_path.write_text(yaml.safe_dump(cfg))
+    runs = load_runs(root)
+    assert sorted(varied_keys(runs)) == ["label_noise.p", "model.dim"]
+    files = make_report([root], tmp_path / "report", n_boot=50)
+    summ = pd.read_csv(next(p for p in files if p.name == "double_descent_summary.csv")).set_index("label_noise.p")
+    assert summ.loc[0.2, "peak_width"] == 32
+
+
+def test_runs_without_a_seed_are_never_merged_as_repeats():
+    frame = pd.DataFrame({"w": [1, 1, 1, 1], "seed": [np.nan, np.nan, 0, 0], "test_error": [0.1, 0.3, 0.2, 0.4]})
+    with pytest.warns(UserWarning, match="repeat a seed"):
+        out = one_run_per_seed(frame, ["w"], ["test_error"], "t")
+    assert sorted(out["test_error"]) == pytest.approx([0.1, 0.3, 0.3])  # the two seed-0 runs averaged, the rest kept

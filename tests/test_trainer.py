@@ -124,3 +124,20 @@ def test_batchnorm_statistics_are_kept_once_the_start_value_has_decayed(tiny_cfg
           tmp_path)
     _, rows = read(tmp_path)
     assert "bn_recomputed" not in rows[-1]  # 0.9^60 = 0.2% of the start value is left
+
+
+def test_recomputing_batchnorm_statistics_draws_no_random_numbers():
+    """The recompute runs the model in train mode; its dropout must not advance the generator training draws from,
+    or the weights would depend on when evaluations happen (trainer.eval_every)."""
+    import torch
+    from torch import nn
+
+    from src.metrics import recompute_batchnorm
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(2, 1, 8, 8))
+    loader = [(torch.randn(16, 1, 8, 8), torch.zeros(16, dtype=torch.long)) for _ in range(3)]
+    before = torch.get_rng_state()
+    recompute_batchnorm(model, loader)
+    assert torch.equal(before, torch.get_rng_state())
+    assert model[1].running_var.mean() < 1.0  # recomputed from the data, not left at the start value
