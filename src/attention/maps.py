@@ -33,13 +33,17 @@ def attention_rollout(attns: list[torch.Tensor]) -> torch.Tensor:
     return r.reshape(-1, g, g)
 
 
+def patch_distances(grid: int, patch_size: int) -> torch.Tensor:
+    """(N, N) distances in pixels between the centres of the ``grid`` x ``grid`` patches, row-major."""
+    ij = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2).float()
+    return torch.cdist(ij, ij) * patch_size
+
+
 def mean_attention_distance(attns: list[torch.Tensor], patch_size: int) -> torch.Tensor:
     """(layers, heads) mean distance in input pixels between a query patch and the patches it attends
     to, weighted by attention (CLS excluded, weights renormalised over patches), averaged over
     queries and images, as in the ViT paper's analysis."""
-    g = grid_side(attns[0].shape[-1] - 1)
-    ij = torch.stack(torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij"), -1).reshape(-1, 2).float()
-    dist = torch.cdist(ij, ij) * patch_size  # (N, N) pixels between patch centres
+    dist = patch_distances(grid_side(attns[0].shape[-1] - 1), patch_size)
     out = []
     for a in attns:
         p = a[:, :, 1:, 1:]  # (B, heads, N, N)
@@ -51,8 +55,7 @@ def mean_attention_distance(attns: list[torch.Tensor], patch_size: int) -> torch
 def uniform_attention_distance(grid: int, patch_size: int) -> float:
     """The mean attention distance (pixels) of attention spread evenly over a ``grid`` x ``grid`` patch grid: the
     reference a layer's distance is read against (below: local, near: global)."""
-    ij = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2).float()
-    return float(torch.cdist(ij, ij).mean() * patch_size)
+    return float(patch_distances(grid, patch_size).mean())
 
 
 def class_means(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
