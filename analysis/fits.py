@@ -203,9 +203,8 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
         if len(nonpos):
             warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=2)
             g = g[g[y] > 0]
-        if seed_col is not None and g.duplicated([x, seed_col]).any():
-            warnings.warn(f"{label}: several runs share a ({x}, {seed_col}); they are averaged first", stacklevel=2)
-            g = g.groupby([x, seed_col], as_index=False)[y].mean()
+        if seed_col is not None:
+            g = one_run_per_seed(g, [x], [y], label, seed_col)
         table = _seed_matrix(g, x, y, seed_col)
         if table.shape[1] < 3:
             msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
