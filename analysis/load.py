@@ -187,20 +187,22 @@ def _optuna_states(df: pd.DataFrame) -> pd.Series:
     return states
 
 
-def _require_sqlite_file(storage: str) -> None:
-    """Opening a missing SQLite file would create an empty database: reading must never write."""
-    if storage.startswith("sqlite:///"):
-        path = Path(storage.removeprefix("sqlite:///").split("?", 1)[0])
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file {path} (relative paths are from {Path.cwd()})")
+def open_study_storage(storage: str):
+    """The Optuna storage at ``storage``, any URL the sweeper writes into ``trial.storage`` (SQLite, a journal file,
+    PostgreSQL, MySQL), opened through the sweeper's own opener. A local file must exist: opening a missing one
+    would create it, and reading must never write."""
+    from hydra_plugins.vitsweep_sweeper._storage import journal_path, open_storage, sqlite_path
+
+    local = sqlite_path(storage) or journal_path(storage)
+    if local is not None and not Path(local.split("?", 1)[0]).is_file():
+        raise FileNotFoundError(f"no such file {local} (relative paths are from {Path.cwd()})")
+    return open_storage(storage, existing=True)
 
 
 def _study_trials(storage: str, study_name: str) -> dict[int, str]:
     import optuna
 
-    _require_sqlite_file(storage)
-
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=open_study_storage(storage))
     return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
 
 
@@ -250,11 +252,11 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
     """
     import optuna
 
-    _require_sqlite_file(storage)
+    opened = open_study_storage(storage)
     try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
+        study = optuna.load_study(study_name=study_name, storage=opened)
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        names = [s.study_name for s in optuna.get_all_study_summaries(opened)]
         raise ValueError(f"no study '{study_name}' in {storage}; studies there: {names}") from None
     trials = study.trials_dataframe()
     if trials.empty:

@@ -525,3 +525,24 @@ def test_runs_without_a_seed_are_never_merged_as_repeats():
     with pytest.warns(UserWarning, match="repeat a seed"):
         out = one_run_per_seed(frame, ["w"], ["test_error"], "t")
     assert sorted(out["test_error"]) == pytest.approx([0.1, 0.3, 0.3])  # the two seed-0 runs averaged, the rest kept
+
+
+def test_trial_states_are_read_from_a_journal_file_storage_and_a_missing_one_is_not_created(tmp_path):
+    """The sweeper's storages include Optuna's journal file (`journal:///abs/path.log`): analysis opens every URL
+    the sweeper writes into trial.storage, and never creates the file it reads."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    log = tmp_path / "optuna.log"
+    study = optuna.create_study(study_name="tune_vit",
+                                storage=optuna.storages.JournalStorage(JournalFileBackend(str(log))))
+    for i in range(5):
+        trial = study.ask()
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED) if i >= 3 else study.tell(trial, 0.5)
+    runs = load_runs(tuning_study(tmp_path / "sweep", storage=f"journal://{log}"))
+    assert runs.sort_values("trial_number")["optuna_state"].tolist() == ["COMPLETE"] * 3 + ["PRUNED"] * 2
+    missing = tmp_path / "gone.log"
+    tuning_study(tmp_path / "sweep2", storage=f"journal://{missing}")
+    with pytest.warns(UserWarning, match="no such file"):
+        load_runs(tmp_path / "sweep2")
+    assert not missing.exists()
