@@ -13,18 +13,18 @@ import pandas as pd  # noqa: E402
 
 from analysis.fits import curve_points  # noqa: E402
 from analysis.load import require_columns  # noqa: E402
-from analysis.tables import METRICS  # noqa: E402
+from analysis.tables import METRICS, format_value  # noqa: E402
 
 
 def group_label(by: list[str], key) -> str:
-    """"patch=4, p=0.1"; a ``_target_`` shows as its group and class ("model=ViT"); floats to 4 digits."""
+    """"patch=4, p=0.1"; a ``_target_`` shows as its group and class ("model=ViT"); floats as in the tables."""
     key = key if isinstance(key, tuple) else (key,)
     parts = []
     for k, v in zip(by, key, strict=True):
         if k.endswith("._target_"):
             parts.append(f"{k.split('.')[-2]}={str(v).rsplit('.', 1)[-1]}")
         else:
-            parts.append(f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}")
+            parts.append(f"{k.split('.')[-1]}={format_value(v) if isinstance(v, float) else v}")
     return ", ".join(parts) or "all runs"
 
 

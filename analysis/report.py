@@ -90,44 +90,43 @@ def _results(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     rep.figure(figures.plot_bars(shown, varied, rep.out / "figures" / "results_bars.png"), "test accuracy and time")
 
 
-def _number(v) -> str:
-    return format_value(v) if isinstance(v, float) else str(v)
+def _first(t: pd.DataFrame, col: str, default: str) -> str:
+    return t[col].dropna().iloc[0] if col in t and t[col].notna().any() else default
 
 
 def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     """Every trial of the Optuna studies in these folders, pruned and stopped ones included, with its
     objective; the best completed trial of each study named."""
     keys = [c for c in ("study_name", "trial.storage") if c in runs]
-    studies = (runs[keys].astype("string").fillna("").agg(" in ".join, axis=1) if keys
-               else pd.Series("", index=runs.index))
+    studies = runs[keys].astype("string").fillna("").agg(" in ".join, axis=1) if keys else ""
     rep.add("## Trials", "", "Every trial, in order, with the objective it reported last (a pruned trial's value "
             "is from the evaluation it was pruned at); the tables above use completed trials only.", "")
-    for i, (study, t) in enumerate(runs.assign(_study=studies).groupby("_study", sort=True)):
+    groups = runs.assign(_study=studies).groupby("_study", sort=True)
+    for i, (study, t) in enumerate(groups):
         t = t.sort_values("trial_number")
-        name = t["objective_name"].dropna().iloc[0] if "objective_name" in t and t["objective_name"].notna().any() \
-            else "objective"
-        direction = t["objective_direction"].dropna().iloc[0] if "objective_direction" in t and \
-            t["objective_direction"].notna().any() else "minimize"
-        state = [f"{st} ({why})" if isinstance(why, str) and why and st != "completed" else st
-                 for st, why in zip(t["status"], t.get("stop_reason", [None] * len(t)), strict=True)]
-        table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"), "status": state})
+        name, direction = _first(t, "objective_name", "objective"), _first(t, "objective_direction", "minimize")
+        reason = t["stop_reason"] if "stop_reason" in t else pd.Series(None, index=t.index)
+        table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"),
+                              "status": [st if st == "completed" or not isinstance(why, str) else f"{st} ({why})"
+                                         for st, why in zip(t["status"], reason, strict=True)]})
         if "optuna_state" in t and t["optuna_state"].notna().any():
-            table["Optuna state"] = t["optuna_state"].fillna("-").to_numpy()
+            table["Optuna state"] = t["optuna_state"].fillna("-")
         cols = [*varied, "objective", *(c for c in ("epochs", "wall_s") if c in t)]
-        table[cols] = t[cols].to_numpy()
-        shown = table.rename(columns={"objective": name, "wall_s": "wall (m:s)"})
-        for c in shown.columns[len(table.columns) - len(cols):]:
-            shown[c] = [format_value(v, "time") if c == "wall (m:s)" and isinstance(v, float) else _number(v)
-                        for v in shown[c]]
-        if studies.nunique() > 1:
+        table[cols] = t[cols]
+        shown = table.copy()
+        for c in cols:
+            shown[c] = [format_value(v, "time" if c == "wall_s" else "num") if isinstance(v, float) else str(v)
+                        for v in t[c]]
+        if groups.ngroups > 1:
             rep.add(f"Study `{study}`:", "")
-        rep.table(table, f"trials_{i}" if i else "trials", shown)
+        rep.table(table, f"trials_{i}" if i else "trials",
+                  shown.rename(columns={"objective": name, "wall_s": "wall (m:s)"}))
         done = t[(t["status"] == "completed") & t["objective"].notna()]
         if len(done):
             best = done.loc[done["objective"].idxmin() if direction == "minimize" else done["objective"].idxmax()]
-            params = ", ".join(f"`{k}` = {_number(best[k])}" for k in varied)
-            rep.add(f"Best trial: {int(best['trial_number'])} ({direction}), {name} = {_number(best['objective'])}"
-                    + (f"; {params}" if params else "") + ".", "")
+            params = "".join(f", `{k}` = {shown.loc[best.name, k]}" for k in varied)
+            rep.add(f"Best trial: {int(best['trial_number'])} ({direction}), {name} = "
+                    f"{shown.loc[best.name, 'objective']}{params and ';' + params[1:]}.", "")
 
 
 def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
