@@ -5,8 +5,15 @@ repository root, so this is exactly
 
     python -m src.train --multirun --config-dir <repo> +sweeps=NAME [overrides...]
 
-which is printed before it runs. Overrides shrink or redirect a study, e.g.
-``dataset=digits trainer.max_epochs=1 hydra.sweeper.n_trials=4 hydra.sweep.dir=/tmp/try``.
+which is printed before it runs. ``scale=S`` picks one of the study's reviewed sizes in
+``sweeps/scales/NAME/S.yaml`` (``paper``: the published recipe and size, the default; ``cpu``: what fits a
+2-core CPU; ``smoke``: for tests). A scale changes only sizes, seeds and the grid, never the recipe
+(``tests/test_recipes.py``); it becomes the plain Hydra override ``+sweeps/scales/NAME=S``:
+
+    python -m src.sweep heads_depth scale=cpu dataset.root=../shared/data/mnist.npz
+    + python -m src.train --multirun --config-dir . +sweeps=heads_depth +sweeps/scales/heads_depth=cpu ...
+
+Other overrides redirect a study, e.g. ``dataset.root=... hydra.sweep.dir=/tmp/try``.
 """
 
 import os
@@ -17,17 +24,43 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "sweeps"
+SCALES = SWEEPS / "scales"
+DEFAULT_SCALE = "paper"
 
 
 def available() -> list[str]:
     return sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
 
+def scales(name: str) -> list[str]:
+    """The named scales of study ``name`` (``sweeps/scales/NAME/*.yaml``); empty for a study without any."""
+    return sorted(p.stem for p in (SCALES / name).glob("*.yaml"))
+
+
+def scale_override(name: str, overrides: list[str]) -> list[str]:
+    """Replace ``scale=S`` by ``+sweeps/scales/NAME=S`` (``paper`` when the study has scales and none is
+    given); an unknown scale stops here, listing the study's scales."""
+    given = [o for o in overrides if o.startswith("scale=")]
+    rest = [o for o in overrides if not o.startswith("scale=")]
+    known = scales(name)
+    if len(given) > 1:
+        raise SystemExit(f"src.sweep: scale given {len(given)} times ({', '.join(given)}); give one")
+    if not given:
+        return [f"+sweeps/scales/{name}={DEFAULT_SCALE}", *rest] if DEFAULT_SCALE in known else rest
+    scale = given[0].split("=", 1)[1]
+    if scale not in known:
+        choices = ", ".join(known) if known else "none: this study runs at the size its sweep file states"
+        raise SystemExit(f"src.sweep: {name} has no scale {scale!r} (sweeps/scales/{name}/{scale}.yaml); "
+                         f"scales: {choices}")
+    return [f"+sweeps/scales/{name}={scale}", *rest]
+
+
 def command(name: str, overrides: list[str]) -> list[str]:
     if not (SWEEPS / f"{name}.yaml").is_file():
         raise SystemExit(f"src.sweep: no sweep {name!r} in {SWEEPS}; available: {', '.join(available())}")
     config_dir = "." if Path.cwd() == ROOT else str(ROOT)
-    return ["python", "-m", "src.train", "--multirun", "--config-dir", config_dir, f"+sweeps={name}", *overrides]
+    return ["python", "-m", "src.train", "--multirun", "--config-dir", config_dir, f"+sweeps={name}",
+            *scale_override(name, overrides)]
 
 
 def _describe(name: str) -> str:
@@ -42,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         for name in available():
-            print(f"  {name:<20} {_describe(name)}")
+            print(f"  {name:<27} {_describe(name)}")
+            if scales(name):
+                print(f"  {'':<27} scales: {', '.join(scales(name))}")
         return 0 if args else 2
     cmd = command(args[0], args[1:])
     print("+ " + shlex.join(cmd), flush=True)

@@ -37,10 +37,21 @@ def test_every_optimizer_instantiates(optimizer):
     assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optimizer.lr)
 
 
-def test_scale_lr_by_width_divides_the_learning_rate():
-    cfg = compose_cfg(["optimizer=sgd", "optimizer.scale_lr_by_width=true", "model=cnn", "model.width=8"])
-    opt = build_optimizer(torch.nn.Linear(3, 2), cfg.optimizer, 8, torch.device("cpu"))
-    assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optimizer.lr / 8)
+def test_vit_init_choices():
+    """``model.init=torch`` keeps PyTorch's layer defaults (weights and biases within 1/sqrt(fan_in));
+    ``big_vision`` zeroes the biases and draws Xavier-uniform weights; anything else names the key."""
+    from src.models.vit import ViT
+
+    kw = dict(image_size=16, in_channels=1, num_classes=10, patch=4, dim=64, depth=1, heads=2, mlp_dim=128)
+    torch.manual_seed(0)
+    torch_init = ViT(**kw, init="torch").blocks[0].mlp.fc1
+    torch.manual_seed(0)
+    big_vision = ViT(**kw, init="big_vision").blocks[0].mlp.fc1
+    bound = 64 ** -0.5  # PyTorch's Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases
+    assert torch_init.weight.abs().max() <= bound and torch_init.bias.abs().max() > 0
+    assert big_vision.weight.abs().max() > bound and (big_vision.bias == 0).all()  # Xavier: sqrt(6/192) > 1/8
+    with pytest.raises(ValueError, match="model.init='lecun'"):
+        ViT(**kw, init="lecun")
 
 
 @pytest.mark.parametrize("dataset", ["digits", "synthetic"])

@@ -23,6 +23,9 @@ def check_vit_shape(image_size: int, patch: int, dim: int, heads: int) -> None:
         )
 
 
+INITS = ("big_vision", "torch")  # model.init choices (ViT.init_weights)
+
+
 class ViT(nn.Module):
     """ViT classifier. ``forward(x, return_attn=True)`` returns ``(logits, [attn per layer])``,
     each attention map (B, heads, T, T) with T = 1 + num_patches and the CLS token first."""
@@ -44,8 +47,12 @@ class ViT(nn.Module):
         stem_channels: int | None = None,
         stem_stride: int = 1,
         lean: bool = True,
+        init: str = "big_vision",
     ):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"model.init={init!r} is not one of {INITS}: big_vision (the original ViT's scheme) "
+                             "or torch (PyTorch's layer defaults, as in the UvA tutorial the EPFL study cites)")
         grid_input = image_size // stem_stride
         check_vit_shape(grid_input, patch, dim, heads)
         self.patch_size = patch * stem_stride  # pixels per token side in the input image
@@ -59,14 +66,23 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(block(dim, heads, mlp_dim, dropout) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
-        self.init_weights()
+        self.init_weights(init)
 
-    def init_weights(self) -> None:
-        """The original ViT's scheme (big_vision): Xavier-uniform dense layers, zero biases, LeCun-normal
-        patch embedding, N(0, 0.02) positions. Unlike timm's fixed N(0, 0.02) it scales with the width,
-        which matters for the small widths these studies sweep (dim 8..256)."""
+    def init_weights(self, init: str = "big_vision") -> None:
+        """``big_vision``: the original ViT's scheme: Xavier-uniform dense layers, zero biases, LeCun-normal
+        patch embedding, N(0, 0.02) positions and CLS token. Unlike timm's fixed N(0, 0.02) it scales with
+        the width, which matters for the small widths these studies sweep (dim 8..256).
+
+        ``torch``: PyTorch's own layer initialisation (Linear and Conv2d: U(+-1/sqrt(fan_in)) weights and
+        biases; LayerNorm 1 and 0), as in the UvA tutorial the EPFL study cites, with N(0, 0.02) positions
+        and CLS token (PyTorch has no default for bare parameters)."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if init == "torch":
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
+                    m.reset_parameters()
+            return
         w = self.patch_embed.proj.weight
         nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)  # LeCun normal: 1 / fan_in
         nn.init.zeros_(self.patch_embed.proj.bias)

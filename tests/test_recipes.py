@@ -1,0 +1,164 @@
+"""Every study's recipe table (its sweep file's header) matches the config the sweep file composes, at every
+named scale, and a scale changes only sizes, seeds and the grid, never the recipe.
+
+A table row reads ``# | setting | paper (section) | key = value; key = value | reason |``. ``key@choice``
+checks the key with that sweeper preset applied (``arch@cnn_w10``: the ``arch=cnn_w10`` preset's overrides).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from src import sweep
+from tests.conftest import CONF, ROOT
+
+STUDIES = sorted(p.name for p in sweep.SCALES.iterdir() if p.is_dir())
+EPFL = ["double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit", "double_descent_vit_cifar10",
+        "heads_depth"]
+# The settings issue 19 asks every EPFL table to state (first column, case-insensitive substring).
+SETTINGS = ["optimizer", "lr", "schedule", "batch", "stop rule", "image size", "label noise", "seeds",
+            "training-set size"]
+# Keys a scale may change: sizes, caps, seeds and the grid. Everything else is the recipe.
+SIZE_KEYS = ("dataset.n_train", "trainer.max_epochs", "trainer.max_steps", "hydra.sweeper.params",
+             "hydra.sweeper.n_trials", "hydra.sweeper.n_jobs")
+
+
+def compose_study(name: str, scale: str, extra: tuple[str, ...] = ()):
+    overrides = [f"hydra.searchpath=[file://{ROOT}]", f"+sweeps={name}", f"+sweeps/scales/{name}={scale}", *extra]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def table(name: str) -> list[tuple[str, str, str]]:
+    """(setting, key, expected value as written) for every ``key = value`` of the sweep file's recipe table."""
+    rows = []
+    for line in (sweep.SWEEPS / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("# | ") or line.startswith("# | setting") or line.startswith("# |---"):
+            continue
+        cells = [c.strip() for c in line[2:].strip().strip("|").split(" | ")]
+        assert len(cells) in (3, 4), f"{name}: a recipe row needs 4 cells: {line!r}"
+        for check in cells[2].split("; "):
+            key, sep, value = check.partition(" = ")
+            assert sep, f"{name}: {cells[0]!r} names no `key = value` in {cells[2]!r}"
+            rows.append((cells[0], key.strip(), value.strip()))
+    return rows
+
+
+def preset(cfg, choice: str) -> list[str]:
+    for options in (cfg.hydra.sweeper.get("presets") or {}).values():
+        if choice in options:
+            return list(options[choice])
+    raise AssertionError(f"no sweeper preset has a choice {choice!r}")
+
+
+def same(actual, expected: str) -> bool:
+    if isinstance(actual, str) and actual.startswith("choice("):
+        return actual.replace(" ", "") == expected.replace(" ", "")
+    if OmegaConf.is_config(actual):
+        actual = OmegaConf.to_container(actual)
+    if isinstance(actual, list):
+        return [str(a) for a in actual] == [s.strip() for s in expected.strip("[]").split(",")]
+    want = yaml.safe_load(expected)
+    if isinstance(actual, float) or isinstance(want, float):
+        return float(actual) == pytest.approx(float(want), rel=1e-12)
+    return actual == want
+
+
+def check_rows(name: str, scale: str, rows) -> list[str]:
+    base = compose_study(name, scale)
+    wrong = []
+    for setting, key, value in rows:
+        path, _, choice = key.partition("@")
+        cfg = compose_study(name, scale, tuple(preset(base, choice))) if choice else base
+        actual = OmegaConf.select(cfg, path, default="<missing>")
+        if not same(actual, value):
+            wrong.append(f"{setting}: {key} is {actual!r}, the table says {value}")
+    return wrong
+
+
+def is_size(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in SIZE_KEYS)
+
+
+def recipe(cfg) -> dict:
+    """The composed config without its size keys, flattened to dotted keys (the sweeper's own settings kept)."""
+    flat = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if is_size(key) or key.startswith("hydra.") and not key.startswith("hydra.sweeper."):
+                continue
+            if isinstance(v, dict):
+                walk(v, key + ".")
+            else:
+                flat[key] = v
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return flat
+
+
+def choices(expr: str) -> set[str]:
+    m = re.fullmatch(r"choice\((.*)\)", expr.replace(" ", ""))
+    assert m, f"grid expression {expr!r} is not a choice(...)"
+    return set(m.group(1).split(","))
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_recipe_table_matches_the_composed_config(name):
+    rows = table(name)
+    assert len(rows) >= 10, f"{name}: the recipe table states only {len(rows)} checked values"
+    assert check_rows(name, "paper", rows) == []
+
+
+@pytest.mark.parametrize("name", EPFL)
+def test_epfl_tables_state_every_published_setting(name):
+    settings = " ".join(s.lower() for s, _, _ in table(name))
+    assert [s for s in SETTINGS if s not in settings] == []
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_scale_keeps_the_paper_recipe(name):
+    paper = compose_study(name, "paper")
+    for scale in sweep.scales(name):
+        cfg = compose_study(name, scale)
+        recipe_rows = [r for r in table(name) if not is_size(r[1].partition("@")[0])]
+        assert check_rows(name, scale, recipe_rows) == [], f"scale {scale}"
+        assert recipe(cfg) == recipe(paper), f"scale {scale} changes recipe keys"
+        for key, expr in cfg.hydra.sweeper.params.items():
+            assert key in paper.hydra.sweeper.params, f"scale {scale} sweeps {key}, which `paper` does not"
+            assert choices(expr) <= choices(paper.hydra.sweeper.params[key]), f"scale {scale}: {key}={expr}"
+
+
+def test_the_scale_override_of_a_shrunk_study_differs_from_paper():
+    paper, cpu = compose_study("heads_depth", "paper"), compose_study("heads_depth", "cpu")
+    assert choices(cpu.hydra.sweeper.params.arch) < choices(paper.hydra.sweeper.params.arch)
+    assert cpu.hydra.sweeper.n_trials == 5 * 6 * 4
+
+
+def test_sweep_translates_a_scale_into_a_plain_hydra_override():
+    cmd = sweep.command("heads_depth", ["scale=cpu", "dataset.root=x"])
+    assert cmd[-2:] == ["+sweeps/scales/heads_depth=cpu", "dataset.root=x"]
+    assert "+sweeps/scales/heads_depth=paper" in sweep.command("heads_depth", [])
+    assert not any("scales" in c for c in sweep.command("mnist_vit", []))  # a study without scales
+    with pytest.raises(SystemExit, match="scales: cpu, paper, smoke"):
+        sweep.command("heads_depth", ["scale=huge"])
+    with pytest.raises(SystemExit, match="runs at the size its sweep file states"):
+        sweep.command("mnist_vit", ["scale=cpu"])
+
+
+@pytest.mark.slow
+def test_the_printed_command_runs_as_printed(tmp_path):
+    """The plain Hydra command ``src.sweep NAME scale=smoke`` prints finishes the study when run as printed."""
+    shrink = ["dataset=digits", "dataset.n_train=100", "trainer.progress=false", "trainer.checkpoint=false",
+              "trainer.precision=fp32", f"hydra.sweep.dir={tmp_path}"]
+    cmd = sweep.command("double_descent_cnn", ["scale=smoke", *shrink])
+    assert cmd[:4] == ["python", "-m", "src.train", "--multirun"] and "+sweeps/scales/double_descent_cnn=smoke" in cmd
+    subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    summaries = list(tmp_path.rglob("summary.json"))
+    assert len(summaries) == 2 and all('"status": "completed"' in p.read_text() for p in summaries)
