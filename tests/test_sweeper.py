@@ -393,9 +393,9 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
 
 def test_sweep_cli_lists_studies_and_rejects_unknown_names():
     proc = run(["-m", "src.sweep", "--help"], cwd=ROOT)
-    assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 10
+    assert all(name in proc.stdout for name in SWEEP_FILES) and len(SWEEP_FILES) == 11
     proc = run(["-m", "src.sweep", "nope"], cwd=ROOT, check=False)
-    assert proc.returncode != 0 and "available: double_descent_cnn" in proc.stderr
+    assert proc.returncode != 0 and "available: attention, double_descent_cnn" in proc.stderr
 
 
 def test_a_one_point_grid_completes(tmp_path):
