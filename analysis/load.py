@@ -148,6 +148,8 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
         row["study_name"] = row["trial.study_name"]
     if "trial_number" not in row and row.get("trial.number") is not None:
         row["trial_number"] = row["trial.number"]
+    if "study_storage" not in row and row.get("trial.storage") is not None:  # runs written before the protocol
+        row["study_storage"] = row["trial.storage"]
     row["run_dir"] = str(run_dir)
     return row, config_cols
 
@@ -156,7 +158,8 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
 
     Runs without summary.json get status 'running'. When a run is an Optuna trial whose storage
-    (config key ``trial.storage``) can be opened, ``optuna_state`` holds the trial's state name.
+    (summary key ``study_storage``; config key ``trial.storage`` in runs written before it) can be opened,
+    ``optuna_state`` holds the trial's state name.
     ``df.attrs['config_columns']`` lists the columns that came from the config.
     """
     rows, config_cols = [], {}
@@ -165,7 +168,7 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
         rows.append(row)
         config_cols.update(dict.fromkeys(cols))
     df = pd.DataFrame(rows)
-    if optuna_state and "trial.storage" in df.columns and "study_name" in df.columns:
+    if optuna_state and "study_storage" in df.columns and "study_name" in df.columns:
         df["optuna_state"] = _optuna_states(df)
     df.attrs["config_columns"] = list(config_cols)
     return df
@@ -173,14 +176,14 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
 
 def _optuna_states(df: pd.DataFrame) -> pd.Series:
     states = pd.Series(None, index=df.index, dtype=object)
-    keys = df[["trial.storage", "study_name"]].dropna().drop_duplicates()
+    keys = df[["study_storage", "study_name"]].dropna().drop_duplicates()
     for storage, study_name in keys.itertuples(index=False):
         try:
             trials = _study_trials(storage, study_name)
         except Exception as e:  # storage moved, or a relative sqlite path from another cwd
             warnings.warn(f"cannot open Optuna study '{study_name}' at {storage}: {e}", stacklevel=3)
             continue
-        sel = (df["trial.storage"] == storage) & (df["study_name"] == study_name)
+        sel = (df["study_storage"] == storage) & (df["study_name"] == study_name)
         states[sel] = df.loc[sel, "trial_number"].map(
             lambda n, trials=trials: trials.get(int(n)) if pd.notna(n) else None
         )
@@ -188,15 +191,12 @@ def _optuna_states(df: pd.DataFrame) -> pd.Series:
 
 
 def open_study_storage(storage: str):
-    """The Optuna storage at ``storage``, any URL the sweeper writes into ``trial.storage`` (SQLite, a journal file,
-    PostgreSQL, MySQL), opened through the sweeper's own opener. A local file must exist: opening a missing one
-    would create it, and reading must never write."""
-    from hydra_plugins.vitsweep_sweeper._storage import journal_path, open_storage, sqlite_path
+    """The Optuna storage at ``storage``, any URL the sweeper records as a run's ``study_storage`` (SQLite, a journal
+    file, PostgreSQL, MySQL), opened through the sweeper's public protocol. A local file must exist: opening a
+    missing one would create it, and reading must never write."""
+    from hydra_plugins.vitsweep_sweeper.protocol import open_existing_storage
 
-    local = sqlite_path(storage) or journal_path(storage)
-    if local is not None and not Path(local.split("?", 1)[0]).is_file():
-        raise FileNotFoundError(f"no such file {local} (relative paths are from {Path.cwd()})")
-    return open_storage(storage, existing=True)
+    return open_existing_storage(storage)
 
 
 def _study_trials(storage: str, study_name: str) -> dict[int, str]:

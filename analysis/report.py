@@ -19,7 +19,7 @@ from analysis.load import load_history, load_runs
 from analysis.tables import format_table, format_value, summary_table, to_markdown, write_table
 
 # config keys that never count as "what the sweep varied"
-IGNORED_PREFIXES = ("hydra.", "trial.")
+IGNORED_PREFIXES = ("hydra.", "trial.study_name", "trial.number", "trial.storage")  # old runs' trial identity
 IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device",
                   "progress", "log_every", "checkpoint", "eval_batch_size"}
 # how long and how a run was trained, not what was studied: learning-curve runs of different sizes
@@ -97,7 +97,7 @@ def _first(t: pd.DataFrame, col: str, default: str) -> str:
 def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     """Every trial of the Optuna studies in these folders, pruned and stopped ones included, with its
     objective; the best completed trial of each study named."""
-    keys = [c for c in ("study_name", "trial.storage") if c in runs]
+    keys = [c for c in ("study_name", "study_storage") if c in runs]
     studies = runs[keys].astype("string").fillna("").agg(" in ".join, axis=1) if keys else ""
     rep.add("## Trials", "", "Every trial, in order, with the objective it reported last (a pruned trial's value "
             "is from the evaluation it was pruned at); the tables above use completed trials only.", "")

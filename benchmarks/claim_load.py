@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from hydra_plugins.vitsweep_sweeper._storage import open_storage, safe  # noqa: E402
+from hydra_plugins.vitsweep_sweeper.storage import open_storage, safe  # noqa: E402
 
 APP = ROOT / "tests" / "sweeper_app" / "app.py"
 LOCK_ERRORS = re.compile(r"database is locked|deadlock|LockNotAvailable|lock timeout|OperationalError", re.I)

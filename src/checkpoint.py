@@ -27,7 +27,11 @@ RECORD_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, PREVIOUS)
 # train longer) and keys that change how a run is executed or reported, not what it computes.
 RUNTIME_KEYS = (*(f"trainer.{k}" for k in LIMITS), "trainer.num_threads", "trainer.progress",
                 "trainer.log_every", "trainer.resume", "trainer.checkpoint",
-                "trainer.checkpoint_every", "trial", "hydra")
+                "trainer.checkpoint_every", "hydra",
+                # how often and in what batches the evaluation scores the splits, not what training computes
+                "trainer.eval_batch_size", "trainer.test_every",
+                # the trial identity that sweeps before the protocol module put into configs (old checkpoints)
+                "trial.study_name", "trial.number", "trial.storage")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -28,6 +28,7 @@ from src.optim import build_optimizer
 from src.records import RunRecorder
 from src.schedule import lr_at
 from src.stop_rules import StopRules, steps_in_run
+from src.trial import current_trial
 from src.validate import check_config, objective_direction, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -205,15 +206,16 @@ def build_loaders(cfg: Mapping[str, Any], data: DataSplits, y_clean: torch.Tenso
 
 
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
-                  device: torch.device, precision: str, objective: str, chance: float) -> dict[str, Any]:
+                  device: torch.device, precision: str, objective: str, chance: float,
+                  run_dir: str | Path | None = None) -> dict[str, Any]:
     info = {"params": params, "device": str(device), "precision": precision, "seed": int(cfg["seed"]),
             "model": cfg["model"]["_target_"].rsplit(".", 1)[-1], "dataset": cfg["dataset"]["name"],
             "n_train": len(data.y_train), "noisy_label_fraction": flipped.float().mean().item(),
             "objective_name": objective, "objective_direction": objective_direction(objective),
             "chance_train_error": chance, **data.info}
-    trial = cfg.get("trial") or {}
-    if trial:
-        info.update(study_name=trial.get("study_name"), trial_number=trial.get("number"))
+    trial = current_trial(run_dir)  # set by the vitsweep sweeper through Hydra, never a config key
+    if trial is not None:
+        info.update(study_name=trial.study_name, trial_number=trial.number, study_storage=trial.storage)
         if objective.startswith("test_") and cfg["trainer"].get("objective", "auto") == "auto":
             log.warning("this Optuna trial is tuned on the TEST split (trainer.objective=auto and no "
                         "dataset.val_size): set dataset.val_size to tune on a validation split instead")
@@ -264,5 +266,5 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
         autocast=autocast_for(device, precision), train_loader=train_loader, eval_loaders=eval_loaders,
         train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance),
         recorder=RunRecorder(run_dir) if run_dir is not None else None, objective_name=objective,
-        info=_summary_info(cfg, data, flipped, params, device, precision, objective, chance),
+        info=_summary_info(cfg, data, flipped, params, device, precision, objective, chance, run_dir),
         class_weights=data.class_weights.to(device) if data.class_weights is not None else None)

@@ -52,7 +52,7 @@ from src.trial import Reporter
 from src.validate import check_config
 
 log = logging.getLogger(__name__)
-MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay", "trial")
+MEMBER_KEYS = ("seed", "label_noise", "optimizer.lr", "optimizer.weight_decay")
 STACKABLE_MODELS = ("src.models.cnn.WidthCNN", "src.models.vit.ViT")
 
 

@@ -14,16 +14,14 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from src.trainer import train  # noqa: E402
+from src.trial import current_trial, make_reporter  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     run_dir = HydraConfig.get().runtime.output_dir
-    reporter = None
-    if cfg.get("trial"):  # an Optuna trial started by the vitsweep sweeper: report for pruning
-        from src.trial import make_reporter
-
-        reporter = make_reporter(cfg)
+    trial = current_trial(run_dir)  # an Optuna trial started by the vitsweep sweeper: report for pruning
+    reporter = make_reporter(trial) if trial is not None else None
     summary = train(cfg, run_dir, reporter)  # SIGTERM/SIGINT: raises RunInterrupted, a non-zero exit
     return objective_of(summary, in_trial=reporter is not None)
 

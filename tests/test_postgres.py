@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.vitsweep_sweeper import _storage as sto
+from hydra_plugins.vitsweep_sweeper import storage as sto
 from tests.test_sweeper import sweep
 from tests.test_sweeper_faults import GRID, assert_each_point_once
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from hydra_plugins.vitsweep_sweeper.protocol import ENV
 from src.stop_rules import StopRules
 from src.trainer import train
 from src.validate import objective_direction
@@ -94,8 +95,11 @@ def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
     assert summary["train_error_noisy_subset"] > summary["train_error_clean"]
 
 
-def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog):
-    train(tiny_cfg("trainer.max_epochs=2", "+trial.number=0", "+trial.study_name=s"), tmp_path)
+def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog, monkeypatch):
+    # the vitsweep sweeper hands a job its trial through the environment (hydra.job.env_set)
+    for var, value in zip(ENV.values(), ("s", "0", "sqlite:///unused.db"), strict=True):
+        monkeypatch.setenv(var, value)
+    train(tiny_cfg("trainer.max_epochs=2"), tmp_path)
     assert caplog.text.count("tuned on the TEST split") == 1
 
 

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hydra_plugins.vitsweep_sweeper import _study as st
+from hydra_plugins.vitsweep_sweeper import study as st
 from tests.test_sweeper import ROOT
 from tests.test_sweeper_faults import LIVENESS, wait_for
 

@@ -90,10 +90,137 @@ def test_resume_finishes_the_budget_without_repeats(tmp_path):
     assert len({(t.params["x"], t.params["y"]) for t in trials}) == 6  # no replayed start-up points
 
 
-def test_a_grid_over_a_range_runs_its_stop_too(tmp_path):
-    """`range(0, 2)` under hydra/sweeper=vitsweep means 0, 1, 2 (hydra-optuna-sweeper's meaning)."""
-    sweep(tmp_path, "x=range(0,2)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=10")
+def test_a_grid_over_a_range_excludes_its_stop_as_hydra_optuna_sweeper_does(tmp_path):
+    """With the grid sampler HOS lists a range without its stop: `range(0, 3)` is 0, 1, 2."""
+    sweep(tmp_path, "x=range(0,3)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=10")
     assert sorted(t.params["x"] for t in load(tmp_path).trials) == [0, 1, 2]
+
+
+# hydra-optuna-sweeper's tests/conf/test_grid.yaml, verbatim but for the sweeper's name
+HOS_TEST_GRID = """\
+defaults:
+  - override hydra/sweeper: optuna
+  - override hydra/sweeper/sampler: grid
+
+hydra:
+  sweeper:
+    direction: minimize
+    study_name: sphere
+    storage: null
+    n_trials: 20
+    n_jobs: 1
+    params:
+      x: choice(-1, 1)
+      y: range(-1.0, 1.0, step=1)
+      z: choice("foo", "bar")
+
+x: 1
+y: 1
+z: foo
+"""
+
+
+def test_hos_test_grid_yaml_gives_its_8_trials(tmp_path):
+    """HOS's own test_grid.yaml: 2 x 2 x 2 = 8 points, y in {-1.0, 0.0} (HOS runs 8; vitsweep ran 12)."""
+    import yaml
+
+    results = yaml.safe_load(_example(tmp_path, "sphere.py", SPHERE_PY, "conf", HOS_TEST_GRID))
+    assert results["states"] == {"COMPLETE": 8}
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")
+    assert sorted({t.params["y"] for t in study.trials}) == [-1.0, 0.0]
+
+
+def test_shuffle_range_is_sampled_over_hydras_range_values(tmp_path):
+    """`shuffle(range(-5, 5))`, in HOS's docs, is a categorical over -5..4 (stop excluded) for any sampler."""
+    sweep(tmp_path, "x=shuffle(range(-5, 5))", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=0",
+          "hydra.sweeper.n_trials=12")
+    xs = [t.params["x"] for t in load(tmp_path).trials]
+    assert len(xs) == 12 and set(xs) <= set(range(-5, 5)) and len(set(xs)) > 3
+
+
+def test_params_with_the_deprecated_search_space_warns_and_uses_params(tmp_path):
+    config = SPHERE_CONFIG.replace("n_trials: 20", "n_trials: 2").replace(
+        "    params:", "    search_space:\n      y:\n        type: categorical\n        choices: [7, 8]\n    params:")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(config.replace("hydra/sweeper: optuna", "hydra/sweeper: vitsweep"))
+    (tmp_path / "sphere.py").write_text(SPHERE_PY)
+    proc = run(["sphere.py", "-m", f"hydra.sweep.dir={tmp_path / 'out'}"], cwd=tmp_path)
+    assert "Both hydra.sweeper.params and hydra.sweeper.search_space are configured" in proc.stderr
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")
+    assert all(t.params["y"] in (-5, 0, 5) for t in study.trials)  # params' choice, not search_space's
+
+
+def test_the_trial_reaches_the_job_outside_its_config_and_override_dirname(tmp_path):
+    """No `trial.*` keys in the job's config: a user's own `trial` key arrives unchanged, override_dirname holds
+    the user's overrides and the sampled parameter only, and the job still knows its trial (summary.json, pruning
+    reports)."""
+    sweep(tmp_path, "x=choice(0,1)", "+trial.alpha=0.5", "hydra/sweeper/sampler=grid",
+          "hydra.sweep.subdir='${hydra.job.override_dirname}'")
+    study = load(tmp_path)
+    assert len(study.trials) == 2
+    for t in study.trials:
+        run_dir = Path(t.user_attrs["run_dir"])
+        assert run_dir.name == f"+trial.alpha=0.5,x={t.params['x']}"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["user_trial"] == {"alpha": 0.5}
+        assert (summary["study_name"], summary["trial_number"]) == ("app", t.number)
+        assert summary["study_storage"] == f"sqlite:///{tmp_path}/optuna.db"
+        assert sorted(t.intermediate_values) == [0, 1, 2]
+        assert "VITSWEEP" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_study_name_null_makes_a_new_study_on_every_run(tmp_path):
+    """As in HOS: no study name, a fixed storage, run twice -> two studies, each with the full n_trials."""
+    args = ["x=interval(0,1)", "hydra.sweeper.study_name=null", "hydra.sweeper.n_trials=3"]
+    sweep(tmp_path, *args)
+    sweep(tmp_path, *args)
+    summaries = optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/optuna.db")
+    assert len(summaries) == 2 and [s.n_trials for s in summaries] == [3, 3]
+    assert all(s.study_name.startswith("app-") for s in summaries)
+
+
+def test_storage_null_in_a_bare_app_writes_only_under_the_sweep_dir(tmp_path):
+    (tmp_path / "app.py").write_text(SPHERE_PY)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(
+        SPHERE_CONFIG.replace("override hydra/sweeper: optuna", "override hydra/sweeper: vitsweep")
+        .replace("n_trials: 20", "n_trials: 2"))
+    run([tmp_path / "app.py", "-m"], cwd=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.py", "conf", "multirun"]
+    assert list(tmp_path.glob("multirun/*/*/optuna.db"))
+
+
+def test_a_resumed_study_with_a_changed_recipe_fails_before_any_trial_naming_the_keys(tmp_path):
+    sweep(tmp_path, "x=interval(0,1)", "epochs=2", "hydra.sweeper.n_trials=2")
+    proc = sweep(tmp_path, "x=interval(0,1)", "epochs=3", "hydra.sweeper.n_trials=4", check=False)
+    assert proc.returncode != 0
+    assert "epochs: 2 -> 3" in proc.stderr and "hydra.sweeper.study_name" in proc.stderr, proc.stderr[-2000:]
+    assert len(load(tmp_path).trials) == 2
+    sweep(tmp_path, "x=interval(0,1)", "epochs=2", "hydra.sweeper.n_trials=4")  # the same recipe finishes it
+    assert len(load(tmp_path).trials) == 4
+
+
+def test_a_direction_that_contradicts_the_objective_fails_before_any_trial(tmp_path):
+    proc = sweep(tmp_path, "x=interval(0,1)", "+trainer.objective=test_acc", "hydra.sweeper.direction=minimize",
+                 check=False)
+    assert proc.returncode != 0
+    assert "hydra.sweeper.direction=minimize contradicts trainer.objective=test_acc" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert not (tmp_path / "0").exists() and not (tmp_path / "optuna.db").exists()
+
+
+def test_the_direction_follows_the_trainers_objective(tmp_path):
+    """`trainer.objective=test_acc` with no direction set: the study maximises, and the better point wins."""
+    from tests.conftest import TINY
+
+    run([*["-m", "src.train", "-m"], *TINY, "trainer.objective=test_acc", "optimizer.lr=choice(1e-5,3e-3)",
+         "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.study_name=d",
+         f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
+    study = optuna.load_study(study_name="d", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    values = {t.params["optimizer.lr"]: t.value for t in study.trials}
+    assert values[3e-3] > values[1e-5]
+    assert study.best_trial.params["optimizer.lr"] == 3e-3
 
 
 def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
@@ -413,7 +540,7 @@ def test_tune_vit_runs_unpruned_with_the_none_pruner(tmp_path):
          "hydra/sweeper/pruner=none", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
     study = optuna.load_study(study_name="tune_vit", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
-    from hydra_plugins.vitsweep_sweeper._study import PRUNER_ATTR
+    from hydra_plugins.vitsweep_sweeper.study import PRUNER_ATTR
 
     stored = study._storage.get_study_system_attrs(study._study_id)[PRUNER_ATTR]
     assert stored == {"_target_": "optuna.pruners.NopPruner"}

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hydra_plugins.vitsweep_sweeper import _study as st
+from hydra_plugins.vitsweep_sweeper import study as st
 from tests.test_sweeper import APP, ROOT, load, sweep
 
 pytestmark = pytest.mark.faults
@@ -213,6 +213,6 @@ def test_journal_storage_runs_two_workers(tmp_path):
     url = f"journal://{tmp_path}/study.log"
     sweep(tmp_path, *GRID, "sleep_s=0.05", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6",
           f"hydra.sweeper.storage='{url}'")
-    from hydra_plugins.vitsweep_sweeper._storage import open_storage
+    from hydra_plugins.vitsweep_sweeper.storage import open_storage
 
     assert_each_point_once(optuna.load_study(study_name="app", storage=open_storage(url)))

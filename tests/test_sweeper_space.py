@@ -3,8 +3,8 @@
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from hydra_plugins.vitsweep_sweeper._search_space import SearchSpaceError, from_legacy, grid, parse
-from hydra_plugins.vitsweep_sweeper._study import worker_seed
+from hydra_plugins.vitsweep_sweeper.search_space import SearchSpaceError, from_legacy, grid, parse
+from hydra_plugins.vitsweep_sweeper.study import worker_seed
 
 
 def test_grammar_maps_to_the_values_hydra_would_sweep():
@@ -19,7 +19,6 @@ def test_grammar_maps_to_the_values_hydra_would_sweep():
     assert space["d"] == FloatDistribution(0.0, 0.3)
     assert space["e"] == FloatDistribution(-5.5, 5.5, step=0.5)
     assert space["f"] == CategoricalDistribution([1, 2])
-    assert grid({"e": space["e"]})["e"] == [-5.5 + 0.5 * i for i in range(23)]
 
 
 @pytest.mark.parametrize("expr", ["choice(1,", "range(3, 1)", "glob(*)"])
@@ -57,15 +56,33 @@ def test_range_includes_its_stop_as_in_hydra_optuna_sweeper():
     assert space["a"] == IntDistribution(2, 8)  # HOS: IntDistribution(start, stop), both ends sampled
     assert space["b"] == FloatDistribution(-5.5, 5.5, step=0.5)
     assert space["c"] == IntDistribution(0, 8, step=4)  # the last value the step reaches
-    assert grid(space)["a"] == [2, 3, 4, 5, 6, 7, 8]
-    assert len(grid(space)["b"]) == 23
+
+
+def test_a_grid_range_excludes_its_stop_as_in_hydra_optuna_sweeper():
+    """HOS lists `(high - low) // step` values for the grid sampler: Hydra's own range, stop excluded."""
+    space, _ = parse({"a": "range(2, 8)", "b": "range(-5.5, 5.5, step=0.5)", "c": "range(0, 10, 4)",
+                      "d": "range(-1.0, 1.0, step=1)"}, [], grid=True)
+    values = grid(space)
+    assert values["a"] == [2, 3, 4, 5, 6, 7]
+    assert values["b"] == [-5.5 + 0.5 * i for i in range(22)]
+    assert values["c"] == [0, 4, 8]
+    assert values["d"] == [-1.0, 0.0]  # HOS's test_grid.yaml
+
+
+def test_shuffle_is_accepted_where_hydra_optuna_sweeper_accepts_it():
+    """`shuffle(range(...))` and `shuffle(choice(...))` are categoricals over Hydra's values, in one order that
+    every worker and resume shares (a shuffled order would make each process's distribution another one)."""
+    space, _ = parse({"a": "shuffle(range(-5, 5))", "b": "shuffle(choice(3, 1, 2))"}, [])
+    assert space["a"] == CategoricalDistribution(list(range(-5, 5)))
+    assert space["b"] == CategoricalDistribution([1, 2, 3])
+    assert parse({"a": "shuffle(range(-5, 5))"}, [])[0] == parse({"a": "shuffle(range(-5, 5))"}, [])[0]
 
 
 def _pruned_at(n_warmup_steps, first_step):
     """The steps at which a trial reporting a much worse curve than a finished one gets pruned."""
     import optuna
 
-    from hydra_plugins.vitsweep_sweeper._study import PRUNER_ATTR, pruner_from_study
+    from hydra_plugins.vitsweep_sweeper.study import PRUNER_ATTR, pruner_from_study
 
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(storage=storage)
@@ -90,3 +107,11 @@ def test_n_warmup_steps_protects_that_many_evaluations(first_step):
     assert _pruned_at(1, first_step)[0] == first_step + 1
     assert _pruned_at(2, first_step)[0] == first_step + 2
     assert _pruned_at(0, first_step)[0] == first_step
+
+
+def test_a_bare_deletion_is_passed_on_as_written():
+    """`~key` (HOS keeps it as a fixed override): not `~key=null`, which Hydra reads as "delete if null"."""
+    from hydra_plugins.vitsweep_sweeper.search_space import override_line
+
+    _, fixed = parse({}, ["~z", "~q=3", "x=1"])
+    assert [override_line(k, v) for k, v in fixed.items()] == ["~z", "~q=3", "x=1"]

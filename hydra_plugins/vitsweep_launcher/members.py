@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 
 
 def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobReturn]:
+    from hydra_plugins.vitsweep_sweeper.protocol import make_reporter, trial_of_hydra
     from src.stacked import train_members
-    from src.trial import make_reporter
 
     captured: list[tuple[DictConfig, str]] = []
 
@@ -22,7 +22,8 @@ def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobRe
 
     rets = [run_job(hydra_context=hydra_context, task_function=record, config=cfg, job_dir_key="hydra.sweep.dir",
                     job_subdir_key="hydra.sweep.subdir") for cfg in configs]
-    reporters = [make_reporter(cfg) if cfg.get("trial") else None for cfg, _ in captured]
+    # each member's trial comes from its own Hydra config (the environment holds none once run_job returns)
+    reporters = [make_reporter(trial_of_hydra(cfg.hydra)) for cfg in configs]
     results = train_members([c for c, _ in captured], [d for _, d in captured], reporters)
     for ret, result, reporter in zip(rets, results, reporters, strict=True):
         if isinstance(result, BaseException):

@@ -5,16 +5,20 @@ then takes a waiting retry, or counts the study's trials against `n_trials` and 
 trial(s) (a grid's next unclaimed point, in the study's one order); it launches the job(s) through
 Hydra's launcher, with a heartbeat running, and tells Optuna the result. With the budget claimed it
 waits while other workers' trials run (one of them may die). With `n_workers=K > 1` this process re-runs
-its own command K times as worker subprocesses and prints progress from the storage. Jobs see the trial
-as `trial.{study_name,number,storage}` (see src/trial.py); a retry runs under its original's job number.
+its own command K times as worker subprocesses and prints progress from the storage. Jobs learn their trial
+through `hydra.job.env_set` (see protocol.py), never through a key of their config; a retry runs under its
+original's job number.
 """
 
+import importlib.util
 import logging
 import os
 import shlex
 import subprocess
 import sys
 import time
+import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,20 +28,22 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_method
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
 from . import _liveness as lv
-from . import _search_space as ss
-from . import _storage as sto
-from . import _study as st
+from . import protocol
+from . import search_space as ss
+from . import storage as sto
+from . import study as st
 
 log = logging.getLogger(__name__)
 
 WORKER_KEYS = ("hydra.sweeper.n_workers", "hydra.sweeper.worker_id", "hydra.sweeper.storage",
                "hydra.sweeper.study_name", "hydra.sweep.dir")
+SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
 
 
 class SweeperImpl:
@@ -91,12 +97,10 @@ class SweeperImpl:
                              f"({self.grace_s}) longer than one heartbeat (default: 4 heartbeats)")
         if self.max_retries < 0:
             raise ValueError(f"hydra.sweeper.max_retries must be >= 0, got {self.max_retries}")
-        raw = list(self.direction) if OmegaConf.is_list(self.direction) or isinstance(self.direction, list) \
-            else [self.direction]
-        self.directions = [getattr(d, "name", str(d)).lower() for d in raw]
-        bad = [d for d in self.directions if d not in ("minimize", "maximize")]
-        if bad or not self.directions:
-            raise ValueError(f"hydra.sweeper.direction: expected minimize/maximize or a list of them, got {raw}")
+        if OmegaConf.is_config(self.storage_url) or isinstance(self.storage_url, dict):
+            raise ValueError("hydra.sweeper.storage: vitsweep takes a storage URL, not a node with _target_ (its "
+                             "workers and jobs reopen the storage by URL): use sqlite:///path.db, journal:///path.log "
+                             "(Optuna's JournalStorage) or postgresql+psycopg://user:pw@host/db")
 
         # The sampler and pruner come unbuilt (_recursive_: false); read them from the config, where the
         # string shorthands are resolved, and build them per worker with a resume-aware seed.
@@ -106,13 +110,19 @@ class SweeperImpl:
         self.is_grid = self.sampler_node.get("_target_") == "optuna.samplers.GridSampler"
 
         params = dict(self.params or {})
-        if self.search_space and not self.params:
-            log.warning("hydra.sweeper.search_space is deprecated; use hydra.sweeper.params")
-            params = ss.from_legacy(self.search_space)
+        if self.search_space is not None:
+            if self.params:  # as hydra-optuna-sweeper 1.2: params wins, with a warning
+                msg = ("Both hydra.sweeper.params and hydra.sweeper.search_space are configured.\nHydra will use "
+                       f"hydra.sweeper.params for defining search space.\n{SEARCH_SPACE_URL}")
+                warnings.warn(msg, UserWarning, stacklevel=2)
+                log.warning(msg)
+            else:
+                log.warning(f"hydra.sweeper.search_space is deprecated; use hydra.sweeper.params ({SEARCH_SPACE_URL})")
+                params = ss.from_legacy(self.search_space)
         if self.is_grid and self.sampler_node.get("search_space"):  # HOS: GridSampler's own value lists
             params.update({k: "choice(" + ",".join(map(str, v)) + ")"
                            for k, v in self.sampler_node.search_space.items()})
-        self.space, self.fixed = ss.parse(params, arguments)
+        self.space, self.fixed = ss.parse(params, arguments, grid=self.is_grid)
         self.grid = ss.grid(self.space) if self.is_grid else None
         self._check_presets()
         self.extend: Callable[[DictConfig, Trial], None] | None = None
@@ -123,9 +133,47 @@ class SweeperImpl:
             except Exception as e:  # noqa: BLE001
                 raise ValueError(f"hydra.sweeper.custom_search_space: cannot load {path!r}: {e}") from e
 
+        self.job_config = self._job_config()
+        self.directions = self._directions()
         self.url = sto.normalize(self.storage_url or st.default_storage(self.sweep_dir))
         self.storage = sto.open_storage(self.url)
-        self.name = self.study_name or str(self.config.hydra.job.name)
+        if self.study_name:
+            self.name = self.study_name
+        else:  # as hydra-optuna-sweeper: a new study on every run (a named study resumes its budget)
+            self.name = f"{self.config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            log.info(f"hydra.sweeper.study_name is null: new study {self.name!r} (name the study to resume it later)")
+
+    def _job_config(self) -> DictConfig:
+        """The job config every trial shares: the primary config with the fixed overrides, as the launcher
+        composes each job (the sampled keys keep their config-file values here)."""
+        overrides = [ss.override_line(k, v) for k, v in self.fixed.items()]
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return cfg
+
+    def _directions(self) -> list[str]:
+        """`hydra.sweeper.direction`, by default the direction of the job's `trainer.objective` in vitsweep's trainer
+        (accuracies, AUCs and the binary scores maximise, errors and losses minimise, `auto` picks an error, so it
+        minimises), else minimize as in hydra-optuna-sweeper. An explicit direction that contradicts the objective
+        is an error."""
+        objective = OmegaConf.select(self.job_config, "trainer.objective", default=None)
+        implied = _trainer_direction(str(objective)) if objective is not None else None
+        if self.direction is None:
+            return [implied or "minimize"]
+        raw = list(self.direction) if OmegaConf.is_list(self.direction) or isinstance(self.direction, list) \
+            else [self.direction]
+        directions = [getattr(d, "name", str(d)).lower() for d in raw]
+        bad = [d for d in directions if d not in ("minimize", "maximize")]
+        if bad or not directions:
+            raise ValueError(f"hydra.sweeper.direction: expected minimize/maximize or a list of them, got {raw}")
+        if implied is not None and directions != [implied]:
+            raise ValueError(
+                f"hydra.sweeper.direction={directions[0] if len(directions) == 1 else directions} contradicts "
+                f"trainer.objective={objective}, which the trainer returns and which should be {implied}d: "
+                f"delete hydra.sweeper.direction (it follows the objective), or set it to {implied}, or choose "
+                "another trainer.objective")
+        return directions
 
     def _check_presets(self) -> None:
         for key, table in (self.presets or {}).items():
@@ -148,6 +196,7 @@ class SweeperImpl:
                     f"hydra.sweeper.direction: study {self.name!r} in {self.url} was created with {old}, "
                     f"not {self.directions}; use another hydra.sweeper.study_name"
                 )
+            self._check_recipe(study_id)
         except KeyError:
             n_existing = 0
         node = OmegaConf.to_container(self.sampler_node)
@@ -167,15 +216,32 @@ class SweeperImpl:
         if self.is_grid:
             self._grid_order(study, node.get("seed"))
         if self.worker_id == 0:
-            before = study.user_attrs.get("fixed_overrides")
-            if before is None:
-                study.set_user_attr("fixed_overrides", self.fixed)
-            elif before != self.fixed:
-                log.warning(
-                    f"Resuming study {self.name!r} with other fixed overrides than it was started with: "
-                    f"{before} -> {self.fixed}; use another hydra.sweeper.study_name for a different study"
-                )
+            study.set_user_attr("fixed_overrides", self.fixed)
+            if st.RECIPE_ATTR not in self.storage.get_study_system_attrs(study._study_id):
+                self.storage.set_study_system_attr(study._study_id, st.RECIPE_ATTR, self._recipe())
         return study
+
+    def _recipe(self, trials: list | None = None) -> dict[str, Any]:
+        """The job config every trial shares, flattened: without the keys a trial samples (its params, the keys its
+        presets set, and those of the study's trials so far, custom_search_space's included)."""
+        sampled = set(self.space) | _trial_keys(trials or [])
+        for table in (self.presets or {}).values():
+            sampled |= {o.split("=", 1)[0] for overrides in table.values() for o in overrides}
+        return _without(_flat(OmegaConf.to_container(self.job_config, resolve=False)), sampled)
+
+    def _check_recipe(self, study_id: int) -> None:
+        """A named study resumes only with the recipe it was started with: a changed key fails before any trial."""
+        saved = self.storage.get_study_system_attrs(study_id).get(st.RECIPE_ATTR)
+        if saved is None:  # a study started before the recipe was recorded
+            return
+        trials = self.storage.get_all_trials(study_id, deepcopy=False)
+        diff = _recipe_differences(_without(saved, _trial_keys(trials)), self._recipe(trials))
+        if diff:
+            raise ValueError(
+                f"hydra.sweeper.study_name={self.name!r}: this study in {sto.safe(self.url)} was started with another "
+                "recipe, so resuming it would mix two experiments:\n  " + "\n  ".join(diff)
+                + "\nfix: restore those values to finish the study, or start a new one (another "
+                "hydra.sweeper.study_name, or study_name: null for a new auto-named study on every run)")
 
     def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
         """The study's grid order comes from the seed it was started with: every later process keeps it."""
@@ -305,10 +371,8 @@ class SweeperImpl:
                 out += list(self.presets[name][str(value)])
             else:
                 out.append(f"{name}={_fmt(value)}")
-        out += [f"{k}={v}" for k, v in self.fixed.items()]
-        out += [f"++trial.study_name={_quote(self.name)}", f"++trial.number={trial.number}",
-                f"++trial.storage={_quote(self.url)}"]
-        return out
+        out += [ss.override_line(k, v) for k, v in self.fixed.items()]
+        return out + protocol.env_overrides(protocol.TrialIdentity(self.name, trial.number, self.url))
 
     def _tell(self, study: optuna.Study, trial: Trial, ret: JobReturn) -> None:
         if ret.hydra_cfg is not None:
@@ -407,6 +471,48 @@ class SweeperImpl:
             f"hydra.sweeper.study_name={_quote(self.name)}",
             f"hydra.sweep.dir={_quote(str(Path(self.sweep_dir).absolute()))}",
         ]
+
+
+def _trainer_direction(objective: str) -> str | None:
+    """The direction of vitsweep's trainer objective (its own rule, `src.validate`), or None in another app."""
+    try:
+        from src.validate import objective_direction
+    except ImportError:
+        return None
+    return objective_direction(objective)
+
+
+def _recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: saved -> current` for each differing key. In vitsweep's trainer this is the check a run makes before
+    it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree."""
+    if importlib.util.find_spec("src") is not None:
+        try:
+            from src.checkpoint import config_differences
+        except ImportError:
+            pass
+        else:
+            return config_differences(saved, current)
+    return [f"{k}: {saved.get(k, '<absent>')!r} -> {current.get(k, '<absent>')!r}"
+            for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
+
+
+def _trial_keys(trials: list) -> set[str]:
+    return {k for t in trials for k in st.params_of(t)}
+
+
+def _without(flat: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """`flat` without `keys` (override keys: a leading +, ++ or ~ is dropped) and anything under them."""
+    keys = {k.lstrip("+~") for k in keys}
+    return {k: v for k, v in flat.items() if not any(k == s or k.startswith(s + ".") for s in keys)}
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
 
 
 class ClaimedGridSampler(optuna.samplers.GridSampler):

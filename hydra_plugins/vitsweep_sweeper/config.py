@@ -3,7 +3,7 @@
 The keys are those of hydra-optuna-sweeper 1.2/1.3 and its 1.4 pre-releases, with their defaults (so its
 sweep files run after changing only the sweeper name), plus `pruner`, `n_workers`, `presets` and the
 liveness keys. Sampler keys Optuna 5 deprecated are accepted and passed on only when set to another value
-than the default (`TRANSLATED`). Samplers live in `hydra/sweeper/sampler`
+than the default or null (`TRANSLATED`). Samplers live in `hydra/sweeper/sampler`
 and pruners in `hydra/sweeper/pruner`, so `override hydra/sweeper/sampler: tpe` keeps working;
 `hydra.sweeper.sampler=<name>` and `hydra.sweeper.pruner=<name>` are accepted as shorthands.
 """
@@ -19,10 +19,10 @@ from omegaconf import MISSING
 class _TPEBase:  # the keys TPE and HOS's MOTPE share
     _target_: str = "optuna.samplers.TPESampler"
     seed: int | None = None
-    consider_prior: bool = True
-    prior_weight: float = 1.0
-    consider_magic_clip: bool = True
-    consider_endpoints: bool = False
+    consider_prior: bool | None = True  # null (HOS 1.4's default) = Optuna's default
+    prior_weight: float | None = 1.0
+    consider_magic_clip: bool | None = True
+    consider_endpoints: bool | None = False
     n_startup_trials: int = 10  # random trials before the density model is used
 
 
@@ -30,7 +30,7 @@ class _TPEBase:  # the keys TPE and HOS's MOTPE share
 class TPESamplerConfig(_TPEBase):
     n_ei_candidates: int = 24
     multivariate: bool = False
-    warn_independent_sampling: bool = True
+    warn_independent_sampling: bool | None = True
     group: bool = False
     constant_liar: bool = True  # not an HOS key; Optuna 5's default: running trials count as bad, workers spread out
     constraints_func: Any | None = None  # a node with _target_ (and _partial_: true) naming fn(trial)
@@ -100,6 +100,7 @@ class GPSamplerConfig:
     n_startup_trials: int = 10
     independent_sampler: Any | None = None
     deterministic_objective: bool = False
+    constraints_func: Any | None = None  # a node with _target_ (and _partial_: true) naming fn(trial)
     warn_independent_sampling: bool = True
 
 
@@ -107,7 +108,7 @@ class GPSamplerConfig:
 class NopPrunerConfig:
     """No pruning. It takes the median pruner's two common options and ignores them, so a study file that
     sets them (tune_vit) runs unpruned with `hydra/sweeper/pruner=none` at the same budget."""
-    _target_: str = "hydra_plugins.vitsweep_sweeper._study.no_pruner"
+    _target_: str = "hydra_plugins.vitsweep_sweeper.study.no_pruner"
     n_startup_trials: Any = None  # ignored
     n_warmup_steps: Any = None  # ignored
 
@@ -176,14 +177,18 @@ class VitsweepSweeperConf:
 
     sampler: Any = MISSING  # a node with _target_, or a name from SAMPLERS
     pruner: Any = MISSING  # a node with _target_, or a name from PRUNERS
-    direction: Any = "minimize"  # or a list, one per returned value
-    storage: str | None = None  # null = sqlite:///<sweep dir>/optuna.db
-    study_name: str | None = None  # null = hydra.job.name
+    # minimize/maximize, or a list, one per returned value. null = the direction of the job's trainer.objective
+    # in vitsweep's trainer (accuracies maximise, errors and losses minimise), else minimize (HOS's default)
+    direction: Any = None
+    storage: Any = None  # an Optuna storage URL; null = sqlite:///<sweep dir>/optuna.db
+    # null = a new auto-named study on every run (as HOS); a name = one study whose n_trials budget a rerun
+    # of the same command finishes (a changed recipe is refused)
+    study_name: str | None = None
     n_trials: int = 20  # the study's total budget, counted across runs and workers
     n_jobs: int = 1  # trials handed to the launcher at once, per worker
     n_workers: int = 1  # local worker processes pulling trials from the storage
     max_failure_rate: float = 0.0  # stop once failed trials exceed this share of n_trials (retries do not count)
-    search_space: dict[str, Any] | None = None  # deprecated hydra-optuna-sweeper form
+    search_space: dict[str, Any] | None = None  # deprecated hydra-optuna-sweeper form (params wins, with a warning)
     params: dict[str, Any] | None = field(default_factory=dict)  # key: Hydra sweep expression
     custom_search_space: str | None = None  # dotpath of fn(cfg, trial) adding suggestions
     presets: dict[str, Any] | None = None  # param -> {choice: [overrides]} for non-grid sets

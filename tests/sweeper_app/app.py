@@ -1,6 +1,7 @@
-"""A Hydra task for the sweeper tests, shaped like src/train.py: it reports a decreasing curve
-through src.trial.make_reporter, writes metrics.jsonl and summary.json, and raises TrialPruned
-after the records are written when the pruner stops it."""
+"""A Hydra task for the sweeper tests, shaped like src/train.py: it reports a decreasing curve through the
+sweeper's public protocol (its trial comes from the job's environment, never from its config), writes
+metrics.jsonl and summary.json, and raises TrialPruned after the records are written when the pruner stops it.
+A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`."""
 
 import json
 import math
@@ -10,9 +11,9 @@ from pathlib import Path
 import hydra
 import optuna
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from src.trial import make_reporter
+from hydra_plugins.vitsweep_sweeper.protocol import current_trial, make_reporter
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -22,7 +23,8 @@ def main(cfg: DictConfig):
         raise RuntimeError("planted failure")
     if cfg.interrupt:
         raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
-    reporter = make_reporter(cfg)
+    trial = current_trial(run_dir)
+    reporter = make_reporter(trial)
     final = cfg.x**2 + cfg.y**2 + (100.0 if cfg.bad else 0.0)
     stop_reason = "max_epochs"
     with open(run_dir / "metrics.jsonl", "w") as fh:
@@ -36,8 +38,10 @@ def main(cfg: DictConfig):
                 break
     summary = {"status": "stopped" if stop_reason == "pruned" else "completed", "stop_reason": stop_reason,
                "epochs": epoch + 1, "objective": final}
+    if trial is not None:
+        summary.update(study_name=trial.study_name, trial_number=trial.number, study_storage=trial.storage)
     if "trial" in cfg:
-        summary.update(study_name=cfg.trial.study_name, trial_number=cfg.trial.number)
+        summary["user_trial"] = OmegaConf.to_container(cfg.trial)
     (run_dir / "summary.json").write_text(json.dumps(summary))
     if stop_reason == "pruned":
         raise optuna.TrialPruned(f"pruned at epoch {epoch}")

@@ -1,9 +1,14 @@
 """Hydra sweep grammar -> Optuna distributions.
 
-`choice(a, b)` and `a,b` -> categorical; `range(start, stop, step)` -> int (or stepped float) from
-start to stop *included*, as hydra-optuna-sweeper builds it (`IntDistribution(start, stop, step)`;
-Hydra's basic sweeper excludes stop); `interval(lo, hi)` -> float, or int when both ends are ints,
-`tag(log, interval(...))` -> log scale. Anything else is a fixed value passed to every trial.
+The meanings are hydra-optuna-sweeper's (HOS 1.2/1.3):
+- `choice(a, b)`, `a,b` and `shuffle(choice(...))` -> categorical;
+- `range(start, stop, step)` -> int (or stepped float) from start to stop *included* for the samplers that
+  draw from a distribution (HOS builds `IntDistribution(start, stop, step)`); for the grid sampler the values
+  Hydra's own range gives, stop *excluded* (HOS lists `(high - low) // step` values for a grid);
+- `shuffle(range(...))` -> categorical over Hydra's range values (stop excluded), as HOS; a sampler has no
+  order to shuffle, so the choices are kept in one sorted order (every worker and resume agrees on it);
+- `interval(lo, hi)` -> float, or int when both ends are ints; `tag(log, interval(...))` -> log scale.
+Anything else is a fixed value passed to every trial.
 """
 
 import math
@@ -29,13 +34,15 @@ def _categorical(override: Override) -> CategoricalDistribution:
     for c in choices:
         if not isinstance(c, (str, int, float, bool, type(None))):
             raise SearchSpaceError(f"a choice must be str, int, float, bool or null, got {c!r}")
+    if override.value().shuffle:  # one order in every process: resumes and workers must agree on the distribution
+        choices.sort(key=lambda c: (type(c).__name__, c))
     return CategoricalDistribution(choices)
 
 
-def _range(override: Override) -> BaseDistribution:
+def _range(override: Override, for_grid: bool) -> BaseDistribution:
     value = override.value()
-    if value.shuffle:
-        raise SearchSpaceError("shuffle(range(...)) has no meaning for a sampler; use range(...) or choice(...)")
+    if value.shuffle or for_grid:  # Hydra's own values, stop excluded, as HOS
+        return _categorical(override)
     start, stop, step = value.start, value.stop, value.step
     n = math.floor((stop - start) / step + 1e-9) + 1  # stop included when the step reaches it
     if n < 1:
@@ -56,21 +63,24 @@ def _interval(override: Override) -> BaseDistribution:
     return FloatDistribution(float(value.start), float(value.end), log=log)
 
 
-def to_distribution(override: Override) -> Any:
-    """A distribution for a sweep override, or the plain string value for a fixed one."""
+def to_distribution(override: Override, for_grid: bool = False) -> Any:
+    """A distribution for a sweep override, or the plain string value for a fixed one. `for_grid`: the values of
+    a grid sampler (a range excludes its stop)."""
     if not override.is_sweep_override():
         return override.get_value_element_as_str()
     if override.is_choice_sweep():
         return _categorical(override)
     if override.is_range_sweep():
-        return _range(override)
+        return _range(override, for_grid)
     if override.is_interval_sweep():
         return _interval(override)
     raise SearchSpaceError(f"{override.input_line!r} is not supported (use choice, range or interval)")
 
 
-def parse(params: Mapping[str, Any], arguments: list[str]) -> tuple[dict[str, BaseDistribution], dict[str, str]]:
-    """Split `hydra.sweeper.params` plus command-line arguments into a search space and fixed values.
+def parse(params: Mapping[str, Any], arguments: list[str],
+          grid: bool = False) -> tuple[dict[str, BaseDistribution], dict[str, str | None]]:
+    """Split `hydra.sweeper.params` plus command-line arguments into a search space and fixed values
+    (`grid`: for the grid sampler, whose ranges exclude their stop).
 
     A later entry for the same key wins, so `x=3` on the command line fixes a swept `x`.
     """
@@ -82,7 +92,7 @@ def parse(params: Mapping[str, Any], arguments: list[str]) -> tuple[dict[str, Ba
     for where, line in lines:
         try:
             (override,) = parser.parse_overrides([line])
-            value = to_distribution(override)
+            value = None if override.is_delete() and override.value() is None else to_distribution(override, grid)
         except Exception as e:  # noqa: BLE001 - re-raised with the key that caused it
             raise SearchSpaceError(f"{where}: cannot use {line!r} as a search space: {e}") from e
         key = override.get_key_element()
@@ -91,8 +101,13 @@ def parse(params: Mapping[str, Any], arguments: list[str]) -> tuple[dict[str, Ba
         if isinstance(value, BaseDistribution):
             space[key] = value
         else:
-            fixed[key] = value
+            fixed[key] = value  # None: a bare `~key` deletion, passed on as written (override_line)
     return space, fixed
+
+
+def override_line(key: str, value: str | None) -> str:
+    """The override a job gets for a fixed value (`~key` alone for a deletion without a value, as HOS)."""
+    return key if value is None else f"{key}={value}"
 
 
 def from_legacy(search_space: Mapping[str, Any]) -> dict[str, str]:

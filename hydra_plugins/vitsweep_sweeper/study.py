@@ -1,5 +1,5 @@
-"""Study plumbing shared by the sweeper and the trial reporter: sampler and pruner configs, budget,
-grid order, progress and results. Storages and the claim lock are in `_storage`, liveness in `_liveness`."""
+"""Study plumbing shared by the sweeper and the trial protocol: sampler and pruner configs, budget,
+grid order, progress and results. Storages and the claim lock are in `storage`, liveness in `_liveness`."""
 
 import itertools
 import math
@@ -20,6 +20,7 @@ GRID_SEED_ATTR = "vitsweep:grid_seed"  # study system attr: the seed of the grid
 WORKER_ATTR = "vitsweep:worker"  # trial system attr: "host:pid" of the process running it
 HEARTBEAT_ATTR = "vitsweep:heartbeat"  # trial system attr: a counter its worker bumps every heartbeat_s
 JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
+RECIPE_ATTR = "vitsweep:recipe"  # study system attr: the job config all its trials share (flattened), for resumes
 
 
 def _node(value: Any, table: dict[str, Any], key: str) -> DictConfig:
@@ -57,7 +58,7 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
     for name, (default, new_name) in TRANSLATED.get(cfg.get("_target_"), {}).items():
         if name in cfg:
             value = cfg.pop(name)
-            if value != default:
+            if value != default and value is not None:  # null: Optuna's own default (HOS 1.4 writes null)
                 cfg[new_name or name] = value
     try:
         return instantiate(OmegaConf.create(cfg), **kwargs)
