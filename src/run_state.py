@@ -249,7 +249,7 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     model, model_cfg = build_model(cfg["model"], data)
     channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    optimizer = build_optimizer(model, cfg["optimizer"], cfg["model"].get("width"), device)
+    optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)
     steps_per_epoch = len(train_loader)

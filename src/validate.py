@@ -75,6 +75,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def check_config(cfg: Mapping[str, Any]) -> torch.device:
     """Validate the composed config; returns the training device."""
     t, d = cfg["trainer"], cfg["dataset"]
+    _check_removed_keys(cfg)
     p = cfg["label_noise"]["p"]
     if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise ValueError(f"label_noise.p={p} must be in [0, 1): it is the probability of replacing a training label")
@@ -103,6 +104,16 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     return device
 
 
+def _check_removed_keys(cfg: Mapping[str, Any]) -> None:
+    if "scale_lr_by_width" in (cfg.get("optimizer") or {}):
+        raise ValueError(
+            "optimizer.scale_lr_by_width was removed: the lr is now the same constant at every model width "
+            "(PyTorch's standard parametrisation, where one SGD step moves a cnn's logits alike from C1 = 1 to 32). "
+            "The EPFL paper's eta_eff = eta / h belongs to its own parametrisation with 1/h gradients (sec. 3.2); "
+            "dividing the lr by the width here shrank the step h-fold. Fix: drop the key and set optimizer.lr "
+            "(e.g. 0.05 with optimizer=sgd)")
+
+
 def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
     if not t.get("max_epochs") and not t.get("max_steps"):
         if not t.get("max_wall_s"):
@@ -116,5 +127,11 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
     every = t.get("checkpoint_every", 1)
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise ValueError(f"trainer.checkpoint_every={every} must be an integer >= 0 (epochs; 0 = only at the end)")
+    test_every, eval_every = t.get("test_every", 1), t.get("eval_every", 1)
+    if test_every is not None and (not isinstance(test_every, int) or isinstance(test_every, bool) or test_every < 1
+                                   or (isinstance(eval_every, int) and eval_every > 0 and test_every % eval_every)):
+        raise ValueError(f"trainer.test_every={test_every} must be null or a whole multiple of trainer.eval_every="
+                         f"{eval_every} (epochs between scorings of the test split; the final evaluation always "
+                         "scores it)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")

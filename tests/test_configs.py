@@ -20,7 +20,7 @@ def test_every_model_builds_and_trains_one_step(model):
     data = build_data(cfg.dataset, seed=0)
     net, full = build_model(cfg.model, data)
     assert full["image_size"] == 32 and full["in_channels"] == 3 and full["num_classes"] == 10
-    opt = build_optimizer(net, cfg.optimizer, cfg.model.get("width"), torch.device("cpu"))
+    opt = build_optimizer(net, cfg.optimizer, torch.device("cpu"))
     x = (data.x_train.float() / 255)
     loss = torch.nn.functional.cross_entropy(net(x), data.y_train)
     loss.backward()
@@ -32,7 +32,7 @@ def test_every_model_builds_and_trains_one_step(model):
 def test_every_optimizer_instantiates(optimizer):
     cfg = compose_cfg([f"optimizer={optimizer}", "model=cnn", "model.width=4"])
     net = torch.nn.Linear(3, 2)
-    opt = build_optimizer(net, cfg.optimizer, 4, torch.device("cpu"))
+    opt = build_optimizer(net, cfg.optimizer, torch.device("cpu"))
     assert type(opt).__name__.lower() == optimizer
     assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optimizer.lr)
 

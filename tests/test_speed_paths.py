@@ -113,7 +113,7 @@ def test_train_step_updates_and_returns_a_detached_loss(precision, grad_clip):
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     model = WidthCNN(8, 3, 4, width=2)
-    opt = build_optimizer(model, ADAMW, None, cpu)
+    opt = build_optimizer(model, ADAMW, cpu)
     before = [p.detach().clone() for p in model.parameters()]
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     loss = train_step(model, opt, scaler, autocast_for(cpu, precision), torch.randn(6, 3, 8, 8),
@@ -126,20 +126,20 @@ def test_train_step_updates_and_returns_a_detached_loss(precision, grad_clip):
 def test_fp16_step_with_scaler_on_cuda():
     dev = torch.device("cuda")
     model = WidthCNN(8, 3, 4, width=2).to(dev)
-    opt = build_optimizer(model, ADAMW, None, dev)
+    opt = build_optimizer(model, ADAMW, dev)
     loss = train_step(model, opt, torch.amp.GradScaler("cuda"), autocast_for(dev, "fp16"),
                       torch.randn(6, 3, 8, 8, device=dev), torch.randint(0, 4, (6,), device=dev), grad_clip=1.0)
     assert torch.isfinite(loss)
 
 
 def test_adamw_is_not_fused_on_cpu():
-    opt = build_optimizer(WidthCNN(8, 3, 4, width=2), ADAMW, None, torch.device("cpu"))
+    opt = build_optimizer(WidthCNN(8, 3, 4, width=2), ADAMW, torch.device("cpu"))
     assert not opt.defaults.get("fused")
 
 
 @needs_cuda
 def test_adamw_is_fused_on_cuda():
-    opt = build_optimizer(WidthCNN(8, 3, 4, width=2).cuda(), ADAMW, None, torch.device("cuda"))
+    opt = build_optimizer(WidthCNN(8, 3, 4, width=2).cuda(), ADAMW, torch.device("cuda"))
     assert opt.defaults.get("fused")
 
 
