@@ -30,8 +30,9 @@ class StopRules:
 
     Stalled: a train error that stops moving within ``stalled_margin`` of ``chance_error`` (the error of
     always predicting the commonest training label) is a model that did not learn, not one that converged:
-    the reason is then ``stalled``, which the trainer records as a failed run, so a sweep counts it as a
-    failure and the analysis leaves it out of means instead of averaging a run stuck at chance into a curve.
+    the reason is then ``stalled``. The trainer records it as a result (status ``completed``, ``stalled: true``,
+    its real objective): a sweep counts it as a complete trial and the analysis keeps it in the curves, flagged,
+    since dropping the runs that did not learn would bias the small-model and small-n ends of a curve.
     """
 
     max_epochs: int | None = None

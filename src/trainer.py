@@ -32,9 +32,15 @@ from src.trial import Reporter
 from src.validate import check_config, objective_metrics
 
 log = logging.getLogger(__name__)
-STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "stalled": "failed",
+# A stalled run (train error stuck at chance) is a result, not a failure: it stays in the curves, flagged
+# ``stalled``; only a loss that went non-finite (or an exception) fails a run.
+STATUS = {"max_epochs": "completed", "max_steps": "completed", "converged": "completed", "stalled": "completed",
           "max_wall": "stopped",
           "pruned": "stopped", "interrupted": "stopped", "nonfinite_loss": "failed", "error": "failed"}
+
+
+MOTIONLESS = ("converged", "stalled")  # stop rules that mean "the train error stopped moving"
+LOW_LR_SHARE = 0.1  # such a stop under an lr below this share of the peak is flagged ``low_lr_stop``
 
 
 class RunInterrupted(SystemExit):
@@ -211,17 +217,35 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     known = set(objective_metrics())  # every metric of the last evaluation (row also holds epoch, lr, timings)
     summary.update({k: v for k, v in row.items() if k in known})
     summary.update(state.best)
-    failed = reason in ("nonfinite_loss", "stalled")
-    summary["objective"] = math.nan if failed else metric(state, state.objective_name)
-    if reason == "stalled" and not error:
-        rules = state.rules
-        error = (f"stalled: train error {row.get('train_error', math.nan):.3f} unchanged over "
-                 f"{rules.converge_epochs} epochs, within {rules.stalled_margin} of always predicting the commonest "
-                 f"label ({rules.chance_error:.3f}): the model did not learn (try another optimizer.lr, "
-                 "scheduler.warmup_epochs or seed; trainer.stalled_margin=null turns this check off)")
+    summary["objective"] = math.nan if reason == "nonfinite_loss" else metric(state, state.objective_name)
+    summary["stalled"] = reason == "stalled"
+    summary.update(lr_record(state, reason))
     if error:
         summary["error"] = error
     return summary
+
+
+def lr_record(state: RunState, reason: str) -> dict[str, Any]:
+    """``base_lr`` (the schedule's peak), ``lr_at_stop`` (the lr of the last optimizer step) and ``low_lr_stop``:
+    the run stopped as converged or stalled while that lr was below ``LOW_LR_SHARE`` of the peak, so the train
+    error may have stopped moving because the schedule annealed the lr, not because the model converged."""
+    base, lr = state.schedule.base_lr, state.schedule(max(state.step - 1, 0))
+    return {"base_lr": base, "lr_at_stop": lr, "low_lr_stop": reason in MOTIONLESS and lr < LOW_LR_SHARE * base}
+
+
+def warn_about_stop(summary: Mapping[str, Any], rules: StopRules) -> None:
+    """The two stops that are results but need a reader's attention: stalled at chance, and motionless at a low lr."""
+    if summary["stalled"]:
+        log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} unchanged over "
+                    f"{rules.converge_epochs} epochs, within {rules.stalled_margin} of always predicting the commonest "
+                    f"label ({rules.chance_error:.3f}): the model did not learn. Recorded as a result (stalled: true); "
+                    "try another optimizer.lr, scheduler.warmup_epochs or seed (trainer.stalled_margin=null turns "
+                    "this check off)")
+    if summary["low_lr_stop"]:
+        log.warning(f"{summary['stop_reason']} at lr {summary['lr_at_stop']:.3g}, below {LOW_LR_SHARE:.0%} of its base "
+                    f"{summary['base_lr']:.3g}: the train error may have stopped moving because the schedule annealed "
+                    "the lr (recorded as low_lr_stop: true); scheduler=constant makes a convergence stop mean that "
+                    "the model stopped learning")
 
 
 def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, Any]:
@@ -232,6 +256,7 @@ def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, A
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
     state.recorder.summary(summary)
+    warn_about_stop(summary, state.rules)
     return summary
 
 

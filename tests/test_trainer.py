@@ -11,7 +11,8 @@ from src.trainer import train
 
 SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_loss", "train_error", "test_loss",
                 "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
-                "noisy_label_fraction", "device", "precision", "seed"}
+                "noisy_label_fraction", "device", "precision", "seed", "lr_at_stop", "base_lr", "low_lr_stop",
+                "stalled"}
 METRIC_KEYS = {"epoch", "step", "wall_s", "lr", "train_loss", "train_error", "test_loss", "test_error", "images_per_s"}
 
 
@@ -60,6 +61,37 @@ def test_convergence_stops(tiny_cfg, tmp_path):
                    "trainer.stalled_margin=null"), tmp_path)
     summary, rows = read(tmp_path)
     assert summary["stop_reason"] == "converged" and summary["epochs"] == 3 and len(rows) == 3
+
+
+# 4 steps per epoch; a cosine horizon of 13 steps; any train error "converges" over 2 epochs (tol 1), so the run
+# stops as converged at the end of epoch 3, after step index 11 of 13: lr 0.5 * (1 + cos(pi * 11 / 13)) = 5.7% of base
+CONVERGES_AT_EPOCH_3 = ("trainer.max_epochs=10", "trainer.max_steps=13", "trainer.converge_epochs=2",
+                        "trainer.converge_tol=1.0", "trainer.stalled_margin=null", "optimizer.lr=1e-3")
+
+
+def test_a_convergence_stop_under_an_annealed_lr_is_flagged(tiny_cfg, tmp_path, caplog):
+    """Issue 19: under a cosine whose horizon is the cap, "converged" can mean the lr annealed to ~0, not that the
+    train error stopped moving. The summary records the lr of the last step and flags a stop below 10% of base."""
+    summary = train(tiny_cfg(*CONVERGES_AT_EPOCH_3, "scheduler=cosine"), tmp_path)
+    assert summary["stop_reason"] == "converged" and summary["steps"] == 12
+    assert summary["base_lr"] == pytest.approx(1e-3)
+    assert summary["lr_at_stop"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 11 / 13)))
+    assert summary["low_lr_stop"] is True
+    assert "below 10% of its base" in caplog.text
+    _, rows = read(tmp_path)
+    assert rows[-1]["lr"] == pytest.approx(summary["lr_at_stop"])
+
+
+def test_a_convergence_stop_at_constant_lr_is_not_flagged(tiny_cfg, tmp_path, caplog):
+    summary = train(tiny_cfg(*CONVERGES_AT_EPOCH_3, "scheduler=constant"), tmp_path)
+    assert summary["stop_reason"] == "converged" and summary["lr_at_stop"] == summary["base_lr"] == 1e-3
+    assert summary["low_lr_stop"] is False and "below 10% of its base" not in caplog.text
+
+
+def test_a_limit_stop_at_the_end_of_a_cosine_is_not_a_low_lr_stop(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("trainer.max_epochs=2", "scheduler=cosine"), tmp_path)
+    assert summary["stop_reason"] == "max_epochs" and summary["lr_at_stop"] < 0.1 * summary["base_lr"]
+    assert summary["low_lr_stop"] is False  # the cap, not "stopped moving": the flag is about convergence stops
 
 
 def _converged(history, window, tol):
