@@ -53,12 +53,13 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
         means = g.groupby(x).mean(numeric_only=True)
         marker = "o" if len(means) < 2 else None  # a run evaluated once is a point, not an invisible line
         for split, style in (("test", "-"), ("train", "--")):
+            # epochs where a split was not scored (trainer.test_every) are dropped, so the scored ones join up
             if f"{split}_error" in means:
-                ax_acc.plot(means.index, 100 * (1 - means[f"{split}_error"]), style, color=color, marker=marker,
-                            label=f"{label} ({split})")
+                err = means[f"{split}_error"].dropna()
+                ax_acc.plot(err.index, 100 * (1 - err), style, color=color, marker=marker, label=f"{label} ({split})")
             if f"{split}_loss" in means:
-                ax_loss.plot(means.index, means[f"{split}_loss"], style, color=color, marker=marker,
-                             label=f"{label} ({split})")
+                loss = means[f"{split}_loss"].dropna()
+                ax_loss.plot(loss.index, loss, style, color=color, marker=marker, label=f"{label} ({split})")
     ax_acc.set(xlabel=x, ylabel="accuracy (%)", title="accuracy per epoch (mean over seeds)")
     ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
     ax_acc.legend(fontsize=7)

@@ -99,8 +99,27 @@ class StopSignal:
 BN_START_SHARE = 0.01
 
 
-def evaluation_row(state: RunState, epoch_images: int, epoch_time: float) -> dict[str, Any]:
-    """The per-evaluation row of ``metrics.jsonl`` (schema in the README's run-dir contract)."""
+def test_due(state: RunState, final: bool) -> bool:
+    """Whether this evaluation scores the test split: the final evaluation always does, the others every
+    ``trainer.test_every`` epochs (null: none but the final one). Scoring 10,000 test images costs more than a
+    small model's training epoch (issue 20), and the studies' curves need only the final test error."""
+    every = state.cfg["trainer"].get("test_every", 1)
+    return final or (every is not None and state.epoch % int(every) == 0)
+
+
+def score_splits(state: RunState, splits: Iterable[str]) -> dict[str, float]:
+    """``{split}_{metric}`` of ``src.metrics.evaluate`` for each of ``splits`` (clean-label metrics on train)."""
+    row = {}
+    for split in splits:
+        clean = state.train_eval_clean if split == "train" else (None, None)
+        metrics = evaluate(state.step_model, state.eval_loaders[split], state.autocast, state.data.num_classes, *clean)
+        row.update({f"{split}_{k}": v for k, v in metrics.items()})
+    return row
+
+
+def evaluation_row(state: RunState, epoch_images: int, epoch_time: float, final: bool = False) -> dict[str, Any]:
+    """The per-evaluation row of ``metrics.jsonl`` (schema in the README's run-dir contract): train and val
+    metrics at every evaluation, test metrics when ``test_due`` (``final``: the run stops after this one)."""
     row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "lr": state.schedule(max(state.step - 1, 0))}
     share = batchnorm_start_share(state.model, state.step)
     if share > BN_START_SHARE:  # running statistics still near their start value: scoring with them is wrong
@@ -108,10 +127,7 @@ def evaluation_row(state: RunState, epoch_images: int, epoch_time: float) -> dic
                  "steps: recomputed from the scored train images before this evaluation")
         recompute_batchnorm(state.model, state.eval_loaders["train"], state.autocast)
         row["bn_recomputed"] = True
-    for split, loader in state.eval_loaders.items():
-        clean = state.train_eval_clean if split == "train" else (None, None)
-        for k, v in evaluate(state.step_model, loader, state.autocast, state.data.num_classes, *clean).items():
-            row[f"{split}_{k}"] = v
+    row.update(score_splits(state, [s for s in state.eval_loaders if s != "test" or test_due(state, final)]))
     row["wall_s"] = state.wall_s()
     row["images_per_s"] = epoch_images / max(epoch_time, 1e-9)
     return row
@@ -146,18 +162,23 @@ def train_epoch(state: RunState, stop: StopSignal, pbar) -> tuple[str | None, in
 
 
 def record_evaluation(state: RunState, images: int, epoch_time: float, reporter: Reporter | None,
-                      pbar) -> str | None:
-    """Evaluate, append the row, update the best metrics; returns ``converged`` / ``pruned`` or None."""
-    row = evaluation_row(state, images, epoch_time)
+                      pbar, final: bool = False) -> str | None:
+    """Evaluate, append the row, update the best metrics; returns ``converged`` / ``pruned`` or None.
+    ``final``: the run stops after this evaluation (it scores the test split)."""
+    row = evaluation_row(state, images, epoch_time, final)
+    reason = state.rules.after_eval(state.epoch, row["train_error"])
+    if reason and "test_error" not in row:  # this evaluation ends the run (converged/stalled): score the test split
+        row.update(score_splits(state, ["test"]))
+        row["wall_s"] = state.wall_s()
     state.recorder.log(row)
     state.last_row = row
     for k in ("test_error", "val_error"):
         if k in row:
             state.best[f"best_{k}"] = min(state.best.get(f"best_{k}", math.inf), row[k])
-    pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}", test_err=f"{row['test_error']:.3f}",
-                     img_s=f"{row['images_per_s']:.0f}")
-    reason = state.rules.after_eval(state.epoch, row["train_error"])
-    if reporter is not None and reporter(metric(state, state.objective_name), state.epoch):
+    pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}",
+                     test_err=f"{row.get('test_error', math.nan):.3f}", img_s=f"{row['images_per_s']:.0f}")
+    scored = state.objective_name.removeprefix("best_") in row  # the pruner sees only freshly scored objectives
+    if reporter is not None and scored and reporter(metric(state, state.objective_name), state.epoch):
         reason = reason or "pruned"
     return reason
 
@@ -181,7 +202,8 @@ def close_epoch(state: RunState, reason: str | None, images: int, started: float
         return reason
     reason = reason or state.rules.after_epoch(state.epoch)
     if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
-        later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar)
+        later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar,
+                                  final=reason is not None)
         reason = reason or later
     return reason
 
