@@ -29,6 +29,7 @@ import pandas as pd
 from scipy import signal, stats
 
 from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.tables import FLAGS
 
 WIDTH_KEYS = ("model.width", "model.dim", "model.embed_dim", "model.channels")
 # optional train metrics: summary key -> column prefix in descent_curves
@@ -51,7 +52,10 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
     a seed are averaged first and count once).
 
     Columns ``train_mean/std``, ``test_mean/std``, ``n_seeds``, plus ``train_clean_mean/std`` and
-    ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``."""
+    ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``, and
+    ``n_stalled`` / ``n_low_lr_stop`` (seeds with that flag, see ``analysis.load.result_flags``) when the runs carry
+    the flags. Stalled runs are results and are in the means; pass ``df[~df['stalled']]`` for the curve without
+    them."""
     width = width or width_column(df)
     by = list(by or [])
     require_columns(df, width, noise, train, test, *by)
@@ -59,11 +63,15 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
     keys = [*by, noise, width]
     metrics = {train: "train", test: "test"}
     metrics.update({k: v for k, v in EXTRA_TRAIN.items() if k in df.columns and df[k].notna().any()})
-    df = one_run_per_seed(df, keys, list(metrics), "descent_curves")
+    flags = [f for f in FLAGS if f in df.columns]
+    df = df.assign(**{f: df[f].astype(float) for f in flags})
+    df = one_run_per_seed(df, keys, [*metrics, *flags], "descent_curves")
     g = df.groupby(keys, dropna=False)
     out = g[list(metrics)].agg(["mean", "std"])
     out.columns = [f"{metrics[m]}_{stat}" for m, stat in out.columns]
     out["n_seeds"] = g[test].count()
+    for f in flags:
+        out[f"n_{f}"] = g[f].agg(lambda v: int((v > 0).sum()))
     out = out.reset_index().sort_values(keys, ignore_index=True)
     out.attrs.update(width=width, noise=noise, by=by)
     return out

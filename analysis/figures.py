@@ -68,7 +68,8 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
 
 
 def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) -> Path:
-    """Log-log points (mean +- std over seeds) and fitted lines; alpha with its CI in the legend."""
+    """Log-log points and fitted lines; alpha with its CI in the legend. A point is the geometric mean over seeds
+    (the quantity the fit uses), its bar one standard deviation of the log error (``gmean * exp(+-log_std)``)."""
     x, y, by = fits.attrs["x"], fits.attrs["y"], fits.attrs["by"]
     points = curve_points(df[df["status"] == "completed"] if "status" in df else df, x, y, by)
     fig, ax = plt.subplots(figsize=(6.5, 4.8))
@@ -79,7 +80,8 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
         color = f"C{i % 10}"
-        ax.errorbar(p[x], p["mean"], yerr=p["std"].fillna(0), fmt="o", color=color, capsize=3)
+        g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
+        ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt="o", color=color, capsize=3)
         n = np.geomspace(fit["x_min"], fit["x_max"], 50)
         ci = f" [{fit['alpha_lo']:.3f}, {fit['alpha_hi']:.3f}]" if np.isfinite(fit["alpha_lo"]) else ""
         name = group_label(by, key) if by else "fit"
@@ -89,7 +91,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
             ax.plot(n, fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"], ":", color=color,
                     label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
     ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
-           title="learning curves: mean ± std over seeds, power-law fits")
+           title="learning curves: geometric mean over seeds, ×/÷ log-space std; power-law fits")
     ax.xaxis.set_minor_formatter(mticker.NullFormatter())  # minor labels on a log axis overlap
     ax.legend(fontsize=7)
     return save_figure(fig, out)

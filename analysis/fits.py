@@ -36,14 +36,21 @@ from analysis.load import completed_only, one_run_per_seed, require_columns
 
 
 def curve_points(df: pd.DataFrame, x: str, y: str, by: list[str], seed_col: str | None = "seed") -> pd.DataFrame:
-    """Mean, std and number of seeds of ``y`` per group and size (the points a fit uses); runs repeating a seed
-    are averaged first."""
+    """Per group and size: ``gmean`` (geometric mean of ``y`` over seeds, the point :func:`fit_learning_curve` fits)
+    and ``log_std`` (std of ln ``y`` over seeds: the point's spread on a log axis is ``gmean * exp(+-log_std)``), both
+    over the runs with ``y > 0`` like the fit; ``mean`` and ``std`` (arithmetic) and ``n_seeds``. Runs repeating a
+    seed are averaged first."""
     require_columns(df, x, y, *by)
     cols = [*by, x]
     if seed_col is not None:
         df = one_run_per_seed(df, cols, [y], "curve_points", seed_col)
-    g = df.dropna(subset=[y]).groupby(cols, dropna=False)[y]
-    return g.agg(mean="mean", std="std", n_seeds="count").reset_index()
+    df = df.dropna(subset=[y])
+    logy = np.log(df[y].astype(float).where(df[y] > 0))
+    g = df.assign(_logy=logy).groupby(cols, dropna=False)
+    out = g[y].agg(mean="mean", std="std", n_seeds="count")
+    out["gmean"] = np.exp(g["_logy"].mean())
+    out["log_std"] = g["_logy"].std()
+    return out.reset_index()
 
 
 def _loglog_lines(logx: np.ndarray, logy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

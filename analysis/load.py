@@ -157,7 +157,9 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
 def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -> pd.DataFrame:
     """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
 
-    Runs without summary.json get status 'running'. When a run is an Optuna trial whose storage
+    Runs without summary.json get status 'running'. Every row gets the flags ``stalled`` and ``low_lr_stop``
+    (see :func:`result_flags`); a stalled run is a completed result, also when it was written before that contract.
+    When a run is an Optuna trial whose storage
     (summary key ``study_storage``; config key ``trial.storage`` in runs written before it) can be opened,
     ``optuna_state`` holds the trial's state name.
     ``df.attrs['config_columns']`` lists the columns that came from the config.
@@ -167,10 +169,46 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
         row, cols = _run_record(run_dir)
         rows.append(row)
         config_cols.update(dict.fromkeys(cols))
-    df = pd.DataFrame(rows)
+    df = result_flags(pd.DataFrame(rows))
     if optuna_state and "study_storage" in df.columns and "study_name" in df.columns:
         df["optuna_state"] = _optuna_states(df)
     df.attrs["config_columns"] = list(config_cols)
+    return df
+
+
+LOW_LR_FRACTION = 0.1  # a stop that means "stopped moving" with the lr below this fraction of its base is flagged
+MOVING_STOPS = ("converged", "stalled")  # stop rules that fire when the train error stops moving
+
+
+def result_flags(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
+
+    ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``). Such a run is a result (its test and
+    train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
+    with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the run
+    stopped by a rule in ``MOVING_STOPS`` while ``lr_at_stop < LOW_LR_FRACTION * base_lr`` (recorded by the trainer,
+    or computed here from those two keys; False where the run recorded neither). Runs that diverged
+    (``nonfinite_loss``) stay failed."""
+    if df.empty:
+        return df
+    df = df.copy()
+    reason = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
+    recorded = df["stalled"] if "stalled" in df else pd.Series(None, index=df.index, dtype=object)
+    stalled = recorded.where(recorded.notna(), reason == "stalled").astype(bool)
+    df["stalled"] = stalled
+    df.loc[stalled, "status"] = "completed"
+    if "objective" in df and "objective_name" in df:
+        for i in df.index[stalled & df["objective"].isna()]:
+            name = df.at[i, "objective_name"]
+            if isinstance(name, str) and name in df and pd.notna(df.at[i, name]):
+                df.at[i, "objective"] = df.at[i, name]
+    low = pd.Series(False, index=df.index)
+    if "lr_at_stop" in df and "base_lr" in df:
+        at_stop, base = pd.to_numeric(df["lr_at_stop"], errors="coerce"), pd.to_numeric(df["base_lr"], errors="coerce")
+        low = reason.isin(MOVING_STOPS) & (at_stop < LOW_LR_FRACTION * base)
+    if "low_lr_stop" in df:
+        low = df["low_lr_stop"].where(df["low_lr_stop"].notna(), low)
+    df["low_lr_stop"] = low.astype(bool)
     return df
 
 
@@ -226,7 +264,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
-    """One row per evaluation (metrics.jsonl line) of every run, plus its config columns and status."""
+    """One row per evaluation (metrics.jsonl line) of every run, plus its config columns, status and flags."""
     frames = []
     for run_dir in find_run_dirs(paths):
         path = run_dir / "metrics.jsonl"
@@ -235,7 +273,7 @@ def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
         metrics = read_metrics(path)
         if not metrics:
             continue
-        row, _ = _run_record(run_dir)
+        row = result_flags(pd.DataFrame([_run_record(run_dir)[0]])).iloc[0].to_dict()  # a stalled run is a result
         hist = pd.DataFrame(metrics)
         static = {k: v for k, v in row.items() if k not in hist.columns}
         frames.append(hist.assign(**{k: [v] * len(hist) for k, v in static.items()}))

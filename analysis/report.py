@@ -15,28 +15,34 @@ import pandas as pd
 from analysis import figures
 from analysis.double_descent import WIDTH_KEYS, descent_curves, descent_summary
 from analysis.fits import fit_learning_curve
-from analysis.load import load_history, load_runs
+from analysis.load import LOW_LR_FRACTION, load_history, load_runs
 from analysis.tables import format_table, format_value, summary_table, to_markdown, write_table
 
 # config keys that never count as "what the sweep varied"
 IGNORED_PREFIXES = ("hydra.", "trial.study_name", "trial.number", "trial.storage")  # old runs' trial identity
 IGNORED_LEAVES = {"seed", "root", "download", "dir", "path", "storage", "output_dir", "num_workers", "device",
                   "progress", "log_every", "checkpoint", "eval_batch_size"}
-# how long and how a run was trained, not what was studied: learning-curve runs of different sizes
-# often get different step caps, and splitting the fit by them would be wrong (--by overrides)
-IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in (
-    "max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol",
-    "eval_every", "train_eval_size", "num_threads", "compile", "channels_last")}
+# how fast a run went, not what it computed: never a compared setting
+IGNORED_RUN_SETTINGS = {f"trainer.{k}" for k in ("num_threads", "compile", "channels_last")}
+# when a run stops: a compared setting like any other (1 and 6 epochs are two results, not two seeds), unless it
+# takes one value per value of other varied keys (max_steps scaled with n_train): then it is named, not an axis
+STOP_RULE_KEYS = {f"trainer.{k}" for k in (
+    "max_epochs", "max_steps", "max_wall_s", "converge_epochs", "converge_tol", "stalled_margin", "eval_every",
+    "train_eval_size")}
 MAX_GROUPS = 12  # curves per figure (more are illegible)
 MAX_ROWS = 60  # rows per Markdown table (the CSV has them all): every group of a study grid
 
 
-def varied_keys(df: pd.DataFrame) -> list[str]:
-    """Config columns taking more than one value across runs, minus seeds, bookkeeping and stop rules
-    (``IGNORED_RUN_SETTINGS``); of keys that map one-to-one onto each other (model._target_ and model.name, or
-    model.mlp_dim set to 2 x model.dim by a preset) only the first is kept. A numeric key whose value differs in
-    every run is always kept: in a continuous search every sampled float is unique per trial, so lr and weight
-    decay map one-to-one without being aliases."""
+def _determined_by(df: pd.DataFrame, key: str, by: list[str]) -> bool:
+    """True when ``key`` takes one value within every group of ``by``: grouping by ``by`` never mixes its values."""
+    if not by:
+        return df[key].astype(str).nunique() <= 1
+    return df.astype({c: str for c in [key, *by]}).groupby(by)[key].nunique().max() <= 1
+
+
+def key_roles(df: pd.DataFrame) -> tuple[list[str], dict[str, list[str]]]:
+    """The compared keys (see :func:`varied_keys`) and the stop-rule keys that vary only with them: each such key
+    maps to the varied keys it takes one value per value of (``{'trainer.max_steps': ['dataset.n_train']}``)."""
     cols = df.attrs.get("config_columns") or [c for c in df.columns if "." in c or c == "seed"]
     keys = [c for c in cols if c in df.columns and not c.startswith(IGNORED_PREFIXES)
             and c not in IGNORED_RUN_SETTINGS and c.rsplit(".", 1)[-1] not in IGNORED_LEAVES
@@ -50,10 +56,36 @@ def varied_keys(df: pd.DataFrame) -> list[str]:
         return a.groupby(b).nunique().max() == 1 and b.groupby(a).nunique().max() == 1
 
     kept: list[str] = []
-    for k in keys:
+    for k in [k for k in keys if k not in STOP_RULE_KEYS]:
         if not any(alias(k, j) for j in kept):
             kept.append(k)
-    return kept
+    # a float sampled anew for every run "determines" everything: it never makes a stop rule a dependent
+    axes = [j for j in kept if not (pd.api.types.is_float_dtype(df[j]) and df[j].nunique() == len(df))]
+    dependents: dict[str, list[str]] = {}
+    for k in [k for k in keys if k in STOP_RULE_KEYS]:
+        if any(alias(k, j) for j in kept):
+            continue
+        single = [j for j in axes if _determined_by(df, k, [j])]
+        if single:
+            dependents[k] = single[:1]
+        elif axes and _determined_by(df, k, axes):
+            dependents[k] = axes
+        else:
+            kept.append(k)
+    return kept, dependents
+
+
+def varied_keys(df: pd.DataFrame) -> list[str]:
+    """Config columns taking more than one value across runs, minus seeds, bookkeeping and execution settings
+    (``IGNORED_RUN_SETTINGS``). Runs that differ in a kept key are never averaged as seeds.
+
+    Of keys that map one-to-one onto each other (model._target_ and model.name, or model.mlp_dim set to 2 x model.dim
+    by a preset) only the first is kept. A numeric key whose value differs in every run is always kept: in a
+    continuous search every sampled float is unique per trial, so lr and weight decay map one-to-one without being
+    aliases. A stop-rule key (``STOP_RULE_KEYS``: max_epochs, max_steps, ...) is kept like any other, except when it
+    takes one value per value of the other kept keys (max_steps scaled with n_train): it then splits no group and
+    :func:`key_roles` names it as a dependent instead."""
+    return key_roles(df)[0]
 
 
 class Report:
@@ -153,6 +185,16 @@ def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot:
             "the per-seed slopes (`ci_method` names the fallback used with fewer than 2 complete seeds). "
             "The offset model `a · n^alpha + c` is fitted when there are >= 4 sizes; its `_lo`/`_hi` columns are "
             "a percentile bootstrap over seeds, too narrow with 3-4 seeds: a sensitivity check only.", "")
+    stalled = runs["stalled"].fillna(False).astype(bool) if "stalled" in runs else pd.Series(False, runs.index)
+    _fit_and_draw(rep, runs, x, by, n_boot, "")
+    if stalled.any():  # stalled runs are results, in the curve above; this shows what leaving them out would change
+        rep.add(f"### Without the {int(stalled.sum())} stalled runs", "",
+                "The same fits with the runs whose train error stayed at chance left out (for comparison only: "
+                "leaving them out biases the small-n end downwards).", "")
+        _fit_and_draw(rep, runs[~stalled], x, by, n_boot, "_without_stalled")
+
+
+def _fit_and_draw(rep: Report, runs: pd.DataFrame, x: str, by: list[str], n_boot: int, suffix: str) -> None:
     sizes = runs[x].nunique()
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -165,9 +207,9 @@ def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot:
     for w in caught:
         rep.add(f"- note: {w.message}")
     rep.add("")
-    rep.table(fits, "learning_curve_fits")
-    rep.figure(figures.plot_learning_curves(runs, fits, rep.out / "figures" / "learning_curves.png"),
-               "learning curves")
+    rep.table(fits, f"learning_curve_fits{suffix}")
+    rep.figure(figures.plot_learning_curves(runs, fits, rep.out / "figures" / f"learning_curves{suffix}.png"),
+               "learning curves" + (" without stalled runs" if suffix else ""))
 
 
 def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: str, tol: float) -> None:
@@ -186,6 +228,84 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
     rep.table(curves, "double_descent_curves")
     rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png"),
                "double descent")
+    if "n_stalled" in curves and curves["n_stalled"].sum() > 0:  # they are in the curves above, flagged
+        kept = runs[~runs["stalled"].fillna(False).astype(bool)]
+        rep.add(f"### Without the {int(curves['n_stalled'].sum())} stalled runs", "",
+                "`n_stalled` above counts the seeds per point whose train error stayed at chance; they are results "
+                "and stay in the curves. For comparison only, the same curves with them left out (leaving them out "
+                "biases the under-parametrised end downwards):", "")
+        if kept.empty:
+            rep.add("Every run stalled: no curve without them.", "")
+            return
+        curves2 = descent_curves(kept, width=width, noise=noise, by=by)
+        summary2 = descent_summary(curves2, tol=tol)
+        rep.table(summary2, "double_descent_summary_without_stalled")
+        rep.figure(figures.plot_double_descent(curves2, summary2,
+                                               rep.out / "figures" / "double_descent_without_stalled.png"),
+                   "double descent without stalled runs")
+
+
+def _grouping_notes(runs: pd.DataFrame, varied: list[str], dependents: dict[str, list[str]],
+                    by: list[str] | None) -> list[str]:
+    """Lines naming the stop rules that vary only with a compared key, and (with ``--by``) every varied key that the
+    chosen groups average over."""
+    lines = [f"- `{k}` varies with {', '.join(f'`{j}`' for j in on)} (one value per value of "
+             f"{'it' if len(on) == 1 else 'them'}): not a separate axis." for k, on in dependents.items()
+             if not by or set(on) <= set(varied)]
+    if by:
+        mixed = [k for k in [*key_roles(runs)[0], *dependents]
+                 if k not in varied and not _determined_by(runs, k, varied)]
+        lines += [f"- note: the rows average runs that differ in `{k}` (not in --by)." for k in mixed]
+    return [*lines, ""] if lines else []
+
+
+def _run_names(run_dirs: pd.Series, paths: list[str]) -> list[str]:
+    """Each run dir relative to the sweep folder holding it (the folder's own name when it is one)."""
+    roots = [Path(p).resolve() for p in paths]
+    names = []
+    for d in map(Path, run_dirs):
+        root = next((r for r in roots if d == r or r in d.parents), None)
+        names.append(d.relative_to(root).as_posix() if root is not None and d != root else d.name)
+    return names
+
+
+def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
+    """Lines counting stalled runs and naming the runs that stopped moving while their lr had annealed."""
+    lines = []
+    stalled = runs["stalled"].fillna(False).astype(bool) if "stalled" in runs else pd.Series(False, runs.index)
+    if stalled.any():
+        lines.append(f"- {int(stalled.sum())} stalled runs (train error stuck at chance): results, kept in every "
+                     "table and curve and counted in their `stalled` column.")
+    low = runs["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in runs else pd.Series(False, runs.index)
+    if low.any():
+        n = int(low.sum())
+        named = ", ".join(f"`{d}`" for d in runs.loc[low, "run_dir"])
+        its = "their" if n > 1 else "its"
+        lines.append(f"- {n} run{'s' if n > 1 else ''} stopped (converged or stalled) with {its} lr below "
+                     f"{LOW_LR_FRACTION:.0%} of {its} base: the train error may have "
+                     f"stopped moving because the lr had annealed, not because the model had fitted ({named}). "
+                     "Counted in the tables' `low-lr stops` column.")
+    return [*lines, ""] if lines else []
+
+
+def _failed(rep: Report, runs: pd.DataFrame, varied: list[str], paths: list[str]) -> None:
+    """Failed runs (diverged to NaN, crashed, unreadable), counted per configuration and stop reason."""
+    bad = runs[runs["status"].isin(["failed", "unknown"])]
+    if bad.empty:
+        return
+    bad = bad.assign(stop_reason=bad["stop_reason"].fillna("-") if "stop_reason" in bad else "-",
+                     _name=_run_names(bad["run_dir"], paths),
+                     _error=bad["error"].fillna("").astype(str).str.slice(0, 120) if "error" in bad else "")
+    seeds = bad["seed"] if "seed" in bad else pd.Series(None, bad.index)
+    rows = []
+    for key, g in bad.assign(_seed=seeds).groupby([*varied, "stop_reason"], dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip([*varied, "stop_reason"], key, strict=True)), "runs": len(g),
+                     "seeds": ", ".join(str(v) for v in sorted(g["_seed"].dropna().unique())),
+                     "run dirs": ", ".join(g["_name"]), "error": g["_error"].iloc[0]})
+    rep.add("## Failed runs", "", f"{len(bad)} runs failed (a loss that diverged to NaN, a crash, an unreadable "
+            "summary); they are in no table or curve above. Per configuration:", "")
+    rep.table(pd.DataFrame(rows), "failed_runs")
 
 
 def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, tol: float = 0.01,
@@ -201,7 +321,8 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
         if unknown:
             keys = sorted(c for c in runs.columns if "." in c and not c.startswith(IGNORED_PREFIXES))
             raise ValueError(f"--by {' '.join(unknown)}: no such config key in these runs; choose from {keys}")
-    varied = list(by) if by else varied_keys(runs)
+    auto, dependents = key_roles(runs)
+    varied = list(by) if by else auto
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
     status = runs["status"].value_counts().to_dict()
@@ -209,7 +330,8 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
             f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in status.items())}); seeds: "
             f"{runs['seed'].nunique() if 'seed' in runs else 1}. Varied keys: "
             f"{', '.join(f'`{k}`' for k in varied) or 'none (repeats of one config)'}. "
-            "Fits and tables use completed runs only.", "")
+            "Fits and tables use completed runs; stalled runs are results and are in them, counted per row.", "")
+    rep.add(*_grouping_notes(runs, varied, dependents, by), *_flag_notes(runs, paths))
     if (runs["status"] == "completed").sum() == 0:
         rep.add("No completed runs yet: nothing to tabulate.", "")
     else:
@@ -222,10 +344,7 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
         width = next((k for k in WIDTH_KEYS if k in varied), None)
         if width and "label_noise.p" in runs:
             _double_descent(rep, runs, varied, width, tol)
-    bad = runs[runs["status"].isin(["failed", "unknown"])]
-    if len(bad):
-        cols = [c for c in ("run_dir", "stop_reason", "error") if c in bad]
-        rep.add("## Failed runs", "", to_markdown(bad[cols].fillna("")), "")
+    _failed(rep, runs, varied, paths)
     rep.write()
     return rep.files
 

@@ -22,6 +22,10 @@ METRICS = {
 }
 
 
+# run flags counted per row of a table: column -> header
+FLAGS = {"stalled": "stalled", "low_lr_stop": "low-lr stops"}
+
+
 def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``*_acc = 1 - *_error`` where an error column exists and the accuracy does not."""
     df = df.copy()
@@ -34,16 +38,23 @@ def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
 def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | None = None,
                   status: str | None = "completed") -> pd.DataFrame:
     """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``
-    (runs repeating a seed of one setting are averaged first and count once)."""
+    (runs repeating a seed of one setting are averaged first and count once), and per flag in ``FLAGS`` that the
+    runs carry, ``n_<flag>``: how many of those seeds' runs have it (stalled runs are results and are in the means).
+    """
     by = [by] if isinstance(by, str) else list(by)
     df = with_accuracies(df)
     metrics = metrics or [m for m in METRICS if m in df.columns]
     require_columns(df, *by, *metrics)
-    df = one_run_per_seed(completed_only(df, "summary_table", status), by, metrics, "summary_table")
+    df = completed_only(df, "summary_table", status)
+    flags = [f for f in FLAGS if f in df.columns]
+    df = df.assign(**{f: df[f].astype(float) for f in flags})  # a repeated seed's flags average like its metrics
+    df = one_run_per_seed(df, by, [*metrics, *flags], "summary_table")
     g = df.groupby(by, dropna=False, sort=True) if by else df.assign(_all="all runs").groupby("_all")
     out = g[metrics].agg(["mean", "std"])
     out.columns = [f"{m}_{stat}" for m, stat in out.columns]
     out["n_seeds"] = g.size()
+    for f in flags:
+        out[f"n_{f}"] = g[f].agg(lambda v: int((v > 0).sum()))
     return out.reset_index()
 
 
@@ -61,9 +72,11 @@ def format_value(x: float, kind: str = "num") -> str:
 
 
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Strings "mean ± std" with the papers' units (m:s, percent); std left off with one seed."""
+    """Strings "mean ± std" with the papers' units (m:s, percent); std left off with one seed; the seed and flag
+    counts as they are."""
     metrics = [c[: -len("_mean")] for c in table.columns if c.endswith("_mean")]
-    keys = [c for c in table.columns if not c.endswith(("_mean", "_std")) and c != "n_seeds"]
+    counts = ["n_seeds", *(f"n_{f}" for f in FLAGS)]
+    keys = [c for c in table.columns if not c.endswith(("_mean", "_std")) and c not in counts]
     out = table[keys].copy()
     for m in metrics:
         header, kind = METRICS.get(m, (m, "num"))
@@ -71,6 +84,9 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
         out[header] = [format_value(a, kind) + (f" ± {format_value(b, kind)}" if np.isfinite(b) else "")
                        for a, b in zip(mean, std, strict=True)]
     out["seeds"] = table["n_seeds"]
+    for f, header in FLAGS.items():
+        if f"n_{f}" in table:
+            out[header] = table[f"n_{f}"]
     return out
 
 

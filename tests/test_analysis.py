@@ -546,3 +546,126 @@ def test_trial_states_are_read_from_a_journal_file_storage_and_a_missing_one_is_
     with pytest.warns(UserWarning, match="no such file"):
         load_runs(tmp_path / "sweep2")
     assert not missing.exists()
+
+
+def test_runs_that_differ_in_a_stop_rule_are_never_averaged_as_seeds(tmp_path):
+    """`trainer.max_epochs=1,6` with one seed: two settings, not two repeats of one (the report averaged 14% and 44%
+    accuracy into one row labelled "seeds 1")."""
+    for i, (epochs, err) in enumerate([(1, 0.858), (6, 0.556)]):
+        cfg = config(0)
+        cfg["trainer"] = {"max_epochs": epochs, "max_steps": None}
+        write_run(tmp_path / "sweep", i, cfg, summary(err, epochs=epochs), history(err, epochs))
+    runs = load_runs(tmp_path / "sweep")
+    assert varied_keys(runs) == ["trainer.max_epochs"]
+    files = make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=20)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "repeats of one config" not in text and "Varied keys: `trainer.max_epochs`" in text
+    table = pd.read_csv(next(p for p in files if p.name == "results.csv"))
+    assert table["test_acc_mean"].tolist() == pytest.approx([0.142, 0.444]) and (table["n_seeds"] == 1).all()
+
+
+def test_a_stop_rule_set_from_another_varied_key_is_named_not_a_second_axis(tmp_path):
+    """max_steps scaled with n_train (one value per size) adds no setting of its own: the learning curve stays one
+    curve, and the report says which key it follows."""
+    for i, n in enumerate([100, 200, 400, 800]):
+        cfg = config(0, n_train=n)
+        cfg["trainer"] = {"max_steps": 10 * n, "max_epochs": None}
+        write_run(tmp_path / "sweep", i, cfg, summary(0.5 * (n / 100) ** -0.5, n_train=n))
+    runs = load_runs(tmp_path / "sweep")
+    assert varied_keys(runs) == ["dataset.n_train"]
+    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=20)
+    assert "`trainer.max_steps` varies with `dataset.n_train`" in (tmp_path / "report" / "report.md").read_text()
+
+
+def _mark_stalled(root: Path, width: int, p: float, old: bool, test_error: float = 0.9) -> int:
+    """Turn the runs of one (width, noise) into stalled ones: written before the contract (failed, objective NaN)
+    or after it (a completed result with ``stalled: true``). Returns how many runs were changed."""
+    n = 0
+    for run in sorted(root.iterdir()):
+        cfg = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        if cfg["model"]["dim"] != width or cfg["label_noise"]["p"] != p:
+            continue
+        s = json.loads((run / "summary.json").read_text())
+        s.update(stop_reason="stalled", test_error=test_error, test_acc=1 - test_error, train_error=0.89,
+                 **({"status": "failed", "objective": float("nan"), "error": "stalled: ..."} if old
+                    else {"status": "completed", "stalled": True, "objective": test_error}))
+        (run / "summary.json").write_text(json.dumps(s))
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["before-contract", "after-contract"])
+def test_a_stalled_run_stays_in_the_descent_curves_with_its_flag(tmp_path, old):
+    """A run stuck at chance is a result: dropping it biased the under-parametrised end of the curve downwards."""
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    assert _mark_stalled(root, 2, 0.2, old) == 2
+    runs = load_runs(root)
+    assert runs["stalled"].sum() == 2 and (runs.loc[runs["stalled"], "status"] == "completed").all()
+    curves = descent_curves(runs).set_index(["label_noise.p", "model.dim"])
+    assert curves.loc[(0.2, 2), "n_seeds"] == 2 and curves.loc[(0.2, 2), "n_stalled"] == 2
+    assert curves.loc[(0.2, 2), "test_mean"] == pytest.approx(0.9)
+    assert curves["n_stalled"].sum() == 2
+    files = make_report([root], tmp_path / "report", n_boot=20)
+    names = {p.name for p in files}
+    assert {"double_descent.png", "double_descent_without_stalled.png"} <= names
+    results = pd.read_csv(next(p for p in files if p.name == "results.csv"))
+    assert results["n_stalled"].sum() == 2 and results["n_seeds"].sum() == len(runs)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Failed runs" not in text and "stalled" in text
+
+
+def test_diverged_runs_stay_failures_listed_by_configuration(tmp_path):
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    for run in sorted(root.iterdir())[:2]:  # width 2, noise 0, both seeds
+        s = json.loads((run / "summary.json").read_text())
+        s.update(status="failed", stop_reason="nonfinite_loss", objective=float("nan"), error="loss is nan")
+        (run / "summary.json").write_text(json.dumps(s))
+    files = make_report([root], tmp_path / "report", n_boot=20)
+    curves = pd.read_csv(next(p for p in files if p.name == "double_descent_curves.csv"))
+    assert not ((curves["model.dim"] == 2) & (curves["label_noise.p"] == 0.0)).any()
+    failed = pd.read_csv(next(p for p in files if p.name == "failed_runs.csv"))
+    assert failed.to_dict("records") == [{"model.dim": 2, "label_noise.p": 0.0, "stop_reason": "nonfinite_loss",
+                                          "runs": 2, "seeds": "0, 1", "run dirs": "0, 1", "error": "loss is nan"}]
+    assert "## Failed runs" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_learning_curve_points_are_geometric_means_on_the_planted_line(tmp_path, monkeypatch):
+    """The fit uses the geometric mean over seeds; the figure must draw the same points (arithmetic means of
+    multiplicative noise sit above the line by exp(sigma^2 / 2): 4.6% here)."""
+    from analysis import figures
+
+    a, alpha, sizes = 2.0, -0.5, SIZES[:5]
+    for i, n in enumerate(sizes):
+        for s, z in enumerate((-0.3, 0.3)):  # log-noise with mean 0 at every size: the geometric mean is planted
+            err = a * n**alpha * np.exp(z)
+            write_run(tmp_path / "sweep", 2 * i + s, config(s, n_train=n), summary(err, n_train=n, seed=s))
+    runs = load_runs(tmp_path / "sweep")
+    fits = fit_learning_curve(runs, by=[], n_boot=0)
+    drawn = {}
+
+    def keep(fig, out):
+        drawn["fig"] = fig
+        return Path(out)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    figures.plot_learning_curves(runs, fits, tmp_path / "lc.png")
+    container = drawn["fig"].axes[0].containers[0]
+    x, y = container.lines[0].get_data()
+    assert np.allclose(y, a * np.asarray(x, float) ** alpha, rtol=0.01)
+    bars = container.lines[2][0].get_segments()  # the error bars: +- one log-space std, asymmetric in y
+    lo, hi = np.array([seg[0][1] for seg in bars]), np.array([seg[1][1] for seg in bars])
+    assert np.allclose(hi / y, np.exp(0.3 * np.sqrt(2)), rtol=1e-6) and np.allclose(y / lo, hi / y)
+
+
+def test_low_lr_stops_are_counted_and_named(tmp_path):
+    for i, w in enumerate([8, 8, 16, 16]):
+        low = i == 1
+        write_run(tmp_path / "sweep", i, config(i % 2, width=w),
+                  summary(0.2, stop_reason="converged", low_lr_stop=low, lr_at_stop=1e-5 if low else 1e-3,
+                          base_lr=1e-3, stalled=False))
+    files = make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=20)
+    table = pd.read_csv(next(p for p in files if p.name == "results.csv")).set_index("model.dim")
+    assert table["n_low_lr_stop"].to_dict() == {8: 1, 16: 0}
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "1 run stopped (converged or stalled) with its lr below 10% of its base" in text
+    assert str(tmp_path / "sweep" / "1") in text
