@@ -18,13 +18,14 @@ def _arrays(n=60, size=8, channels=3, seed=0):
     return g.integers(0, 256, (n, size, size, channels), dtype=np.uint8), np.arange(n) % 3
 
 
-def test_npz_layout_loads_and_caches(tmp_path):
+def test_npz_layout_loads_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
     x, y = _arrays()
     np.savez(tmp_path / "toy.npz", x_train=x, y_train=y, x_test=x[:12], y_test=y[:12])
     cfg = dict(name="cifar10", root=str(tmp_path / "toy.npz"), image_size=None)
     data = build_data(cfg)
     assert data.x_train.shape == (60, 3, 8, 8) and torch.equal(data.x_train[5], torch.from_numpy(x[5]).permute(2, 0, 1))
-    assert list(tmp_path.glob(".vitsweep-cifar10-*.pt")), "the first load writes a tensor cache next to the data"
+    assert list((tmp_path / "cache").glob("vitsweep-cifar10-*.pt")), "the first load writes a tensor cache"
     again = build_data(cfg)
     assert torch.equal(again.x_train, data.x_train) and torch.equal(again.y_test, data.y_test)
 

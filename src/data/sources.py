@@ -4,14 +4,19 @@ Accepted layouts for ``dataset.root`` (mnist, fashion_mnist, cifar10):
   1. an ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8, HWC or HW),
   2. a folder tree ``train/<class>/*.png|jpg`` and ``test/<class>/*.png|jpg``,
   3. torchvision's own layout under ``root`` (``download=true`` fetches it; needs internet).
-The first load of 1-3 writes a uint8 tensor cache (``.vitsweep-<name>.pt``) next to the data, or
-under ``~/.cache/vitsweep`` when that folder is read-only, so later runs load in about a second.
+The first load of 1-2 writes a uint8 tensor cache (``vitsweep-<name>-<key>.pt``) into the cache directory, so
+later runs load in about a second: ``$VITSWEEP_CACHE``, else the platform's user cache dir (``platformdirs``
+when installed, else ``$XDG_CACHE_HOME/vitsweep`` or ``~/.cache/vitsweep``). Nothing is ever written next to
+the data, so a shared or read-only dataset folder works. Processes that build one cache at once all succeed:
+each writes its own temporary file and renames it over the cache atomically. A cache directory that cannot
+be written (``VITSWEEP_CACHE`` naming a file, say) means loading without a cache, with a warning.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-import stat
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,7 @@ import torch
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
 Arrays = dict[str, np.ndarray]
+log = logging.getLogger(__name__)
 
 
 def load_digits_arrays() -> Arrays:
@@ -93,13 +99,51 @@ def _layout_error(name: str, root: Path) -> FileNotFoundError:
     )
 
 
+def default_cache_dir() -> Path:
+    """The platform's user cache dir for vitsweep (``platformdirs``; without it the XDG rule Linux follows)."""
+    try:
+        import platformdirs
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "vitsweep"
+    return Path(platformdirs.user_cache_dir("vitsweep"))
+
+
+def cache_dir() -> Path:
+    """``$VITSWEEP_CACHE`` when set, else ``default_cache_dir()``."""
+    env = os.environ.get("VITSWEEP_CACHE")
+    return Path(env).expanduser() if env else default_cache_dir()
+
+
 def _cache_path(source: Path, name: str) -> Path:
     st = source.stat()
     key = hashlib.sha1(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    beside = (source.parent if source.is_file() else source) / f".vitsweep-{name}-{key}.pt"
-    if os.access(beside.parent, os.W_OK) and beside.parent.stat().st_mode & stat.S_IWUSR:  # root ignores modes
-        return beside
-    return Path(os.environ.get("VITSWEEP_CACHE", Path.home() / ".cache" / "vitsweep")) / beside.name
+    return cache_dir() / f"vitsweep-{name}-{key}.pt"
+
+
+def _write_cache(cache: Path, arrays: Arrays) -> None:
+    """Save ``arrays`` as ``cache``: a temporary file of this process's own in the cache dir, renamed over the
+    cache atomically (a racing builder's rename just replaces one whole file by an equal one)."""
+    tensors = {k: list(map(str, v)) if v.dtype.kind in "US" else torch.from_numpy(np.ascontiguousarray(v))
+               for k, v in arrays.items()}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f".{cache.stem}-", suffix=".tmp")
+    except OSError as e:
+        env = os.environ.get("VITSWEEP_CACHE")
+        where = f"VITSWEEP_CACHE={env}" if env else f"the user cache dir {cache.parent} (VITSWEEP_CACHE unset)"
+        log.warning(f"{where} is not a writable folder ({type(e).__name__}: {e}): loading without a cache, so every "
+                    "run decodes the dataset again. Fix: point VITSWEEP_CACHE at a writable folder")
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(tensors, f)
+        os.replace(tmp, cache)
+    except OSError as e:  # e.g. a full disk: the run goes on without a cache
+        log.warning(f"could not write the dataset cache {cache} ({type(e).__name__}: {e}): loading without a cache")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load_arrays(name: str, root: str | os.PathLike | None, download: bool = False) -> Arrays:
@@ -125,9 +169,5 @@ def load_arrays(name: str, root: str | os.PathLike | None, download: bool = Fals
         cached = torch.load(cache, weights_only=True, mmap=True)
         return {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in cached.items()}
     arrays = loader()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    torch.save({k: list(map(str, v)) if v.dtype.kind in "US" else torch.from_numpy(np.ascontiguousarray(v))
-                for k, v in arrays.items()}, tmp)
-    os.replace(tmp, cache)
+    _write_cache(cache, arrays)
     return arrays
