@@ -59,12 +59,10 @@ def key_roles(df: pd.DataFrame) -> tuple[list[str], dict[str, list[str]]]:
     for k in [k for k in keys if k not in STOP_RULE_KEYS]:
         if not any(alias(k, j) for j in kept):
             kept.append(k)
-    # a float sampled anew for every run "determines" everything: it never makes a stop rule a dependent
-    axes = [j for j in kept if not (pd.api.types.is_float_dtype(df[j]) and df[j].nunique() == len(df))]
     dependents: dict[str, list[str]] = {}
     for k in [k for k in keys if k in STOP_RULE_KEYS]:
-        if any(alias(k, j) for j in kept):
-            continue
+        # a float sampled anew for every run "determines" everything: it never makes a stop rule a dependent
+        axes = [j for j in kept if not (pd.api.types.is_float_dtype(df[j]) and df[j].nunique() == len(df))]
         single = [j for j in axes if _determined_by(df, k, [j])]
         if single:
             dependents[k] = single[:1]
