@@ -136,9 +136,11 @@ def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
         t = t.sort_values("trial_number")
         name, direction = _first(t, "objective_name", "objective"), _first(t, "objective_direction", "minimize")
         reason = t["stop_reason"] if "stop_reason" in t else pd.Series(None, index=t.index)
+        plain = [(st == "completed" and why != "stalled") or not isinstance(why, str)  # a stalled result says so
+                 for st, why in zip(t["status"], reason, strict=True)]
         table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"),
-                              "status": [st if st == "completed" or not isinstance(why, str) else f"{st} ({why})"
-                                         for st, why in zip(t["status"], reason, strict=True)]})
+                              "status": [st if ok else f"{st} ({why})"
+                                         for st, why, ok in zip(t["status"], reason, plain, strict=True)]})
         if "optuna_state" in t and t["optuna_state"].notna().any():
             table["Optuna state"] = t["optuna_state"].fillna("-")
         cols = [*varied, "objective", *(c for c in ("epochs", "wall_s") if c in t)]
@@ -354,8 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap samples for the offset model's ranges")
     ap.add_argument("--tol", type=float, default=0.01, help="train error below which a width interpolates")
     ap.add_argument("--by", nargs="+", default=None, metavar="KEY",
-                    help="config keys that define the compared settings (default: every key that varied, "
-                         "minus seeds, bookkeeping and stop rules such as trainer.max_steps)")
+                    help="config keys that define the compared settings (default: every key that varied, stop rules "
+                         "included, minus seeds, bookkeeping and a stop rule that takes one value per value of "
+                         "another varied key); the report names any varied key the chosen rows average over")
     args = ap.parse_args(argv)
     try:
         files = make_report(args.paths, args.out or Path(args.paths[0]) / "report", args.n_boot, args.tol, args.by)
