@@ -37,5 +37,6 @@ def test_the_users_trial_key_reaches_every_job_unchanged(two_runs):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["user_trial"] == {"alpha": 0.5, "tag": "mine"}
         names.add(summary["study_name"])
-        assert Path(run_dir).name.startswith("x=") and ",y=" in Path(run_dir).name  # override_dirname: params only
+        keys = [kv.split("=", 1)[0] for kv in Path(run_dir).name.split(",")]  # override_dirname
+        assert keys == ["+hparams_search", "x", "y"]  # the command line's and the sampled parameters, nothing else
     assert len(names) == 2
