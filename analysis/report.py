@@ -303,8 +303,8 @@ def _failed(rep: Report, runs: pd.DataFrame, varied: list[str], paths: list[str]
         rows.append({**dict(zip([*varied, "stop_reason"], key, strict=True)), "runs": len(g),
                      "seeds": ", ".join(str(v) for v in sorted(g["_seed"].dropna().unique())),
                      "run dirs": ", ".join(g["_name"]), "error": g["_error"].iloc[0]})
-    rep.add("## Failed runs", "", f"{len(bad)} run{'s' if len(bad) > 1 else ''} failed (a loss that diverged to NaN, a crash, an unreadable "
-            "summary); they are in no table or curve above. Per configuration:", "")
+    rep.add("## Failed runs", "", f"{len(bad)} run{'s' if len(bad) > 1 else ''} failed (a loss that diverged to NaN, "
+            "a crash, an unreadable summary); they are in no table or curve above. Per configuration:", "")
     rep.table(pd.DataFrame(rows), "failed_runs")
 
 
