@@ -96,6 +96,26 @@ def test_training_grid_matches_the_basic_launcher(tmp_path):
         assert (a["test_error"], a["train_loss"], a["params"]) == (b["test_error"], b["train_loss"], b["params"])
 
 
+def test_stacked_trials_each_know_their_own_trial(tmp_path):
+    """Two trials trained as one stacked model in one process: each member's summary names its own trial (from its
+    Hydra config, not the process environment) and each trial gets its own pruning reports."""
+    grid = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith("model.")], "trainer.max_epochs=2"]
+    done = run_cli("-m", *grid, "seed=choice(0,1)", "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid",
+                   "hydra.sweeper.n_jobs=2", "hydra.sweeper.study_name=s", "hydra/launcher=vectorized",
+                   "hydra.launcher.stack=always", f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stacked in 1 group(s)" in done.stdout + done.stderr
+    import optuna
+
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert len(study.trials) == 2
+    for t in study.trials:
+        summary = json.loads((tmp_path / str(t.number) / "summary.json").read_text())
+        assert (summary["study_name"], summary["trial_number"], summary["seed"]) == ("s", t.number, t.params["seed"])
+        epochs = [json.loads(line)["epoch"] for line in (tmp_path / str(t.number) / "metrics.jsonl").open()]
+        assert t.intermediate_values and set(t.intermediate_values) <= set(epochs)  # this member's own reports
+
+
 def test_stack_auto_groups_members_on_cuda_only():
     """`auto` stacks where it pays (CUDA), not on CPU, where it measured no faster than processes."""
     from hydra_plugins.vitsweep_launcher.pool import plan_units
