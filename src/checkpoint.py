@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from src.stop_rules import LIMITS
+from src.stop_rules import LIMITS, steps_in_run
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,31 @@ def check_resumable(path: Path, saved: Mapping[str, Any], current: Mapping[str, 
             f"{path} was written by a run with a different config, so this start cannot resume it:\n  "
             + "\n  ".join(diff) + "\nfix: use a new run dir (hydra.run.dir=...), or trainer.resume=never to move "
             "the old run's files aside and start over (only stop limits, threads and progress may change)")
+
+
+def check_extension(path: Path, ckpt: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuse to continue a run whose lr schedule depends on its length (cosine) under limits that change that
+    length: the lr would re-anneal over the new horizon, so its records would no longer follow its config. Under
+    ``scheduler=constant`` a raised limit continues the run; ``max_wall_s`` never sets the horizon."""
+    if current["scheduler"]["name"] == "constant":
+        return
+    saved, now = ckpt["config"]["trainer"], current["trainer"]
+    limits = ("max_epochs", "max_steps")
+    per_epoch = ckpt.get("steps_per_epoch")  # absent in checkpoints older than this check: compare the limits
+    if per_epoch:
+        before, after = (steps_in_run(t.get("max_epochs"), t.get("max_steps"), int(per_epoch)) for t in (saved, now))
+    else:
+        before, after = (tuple(t.get(k) for k in limits) for t in (saved, now))
+    if before == after:
+        return
+    changed = ", ".join(f"trainer.{k}: {saved.get(k)} -> {now.get(k)}" for k in limits if saved.get(k) != now.get(k))
+    horizon = f" (from {before:g} to {after:g} steps)" if per_epoch else ""
+    raise ValueError(
+        f"{path} holds a run under scheduler={current['scheduler']['name']}, whose lr depends on the run length: "
+        f"{changed} changes the schedule's horizon{horizon}, so continuing it would re-anneal the lr over the new "
+        "length and its records would follow neither config. Fix: train the longer run from the start in a new run "
+        "dir (hydra.run.dir=...) or with trainer.resume=never (moves this run's files aside); or use "
+        "scheduler=constant, whose runs may be extended by raising trainer.max_epochs / max_steps")
 
 
 def move_aside(run_dir: str | Path) -> Path | None:

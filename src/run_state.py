@@ -153,6 +153,7 @@ class RunState:
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
             "stop_reason": self.stop_reason,
             "rng": {"torch": torch.get_rng_state(), "cuda": list(cuda)}, "loader": self.train_loader.state_dict(),
+            "steps_per_epoch": len(self.train_loader),  # the schedule's horizon under other limits (check_extension)
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

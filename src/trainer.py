@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from src.checkpoint import check_resumable, move_aside, read_checkpoints
+from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config, setup
@@ -294,7 +294,8 @@ def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
 
 def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[Path, dict]], dict | None]:
     """(checkpoints to try, newest first; the summary of a finished run or None). Fails before any work
-    when the newest readable checkpoint comes from a different config; moves unusable files aside."""
+    when the newest readable checkpoint comes from a different config, or when changed limits would continue it
+    under another lr-schedule horizon (``check_extension``); moves unusable files aside."""
     if cfg["trainer"].get("resume", "auto") == "never":
         move_aside(run_dir)
         return iter(()), None
@@ -304,7 +305,10 @@ def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[P
         move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
         return iter(()), None
     check_resumable(newest[0], newest[1]["config"], cfg)
-    return itertools.chain([newest], found), finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
+    done = finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
+    if done is None:  # the run would continue: only under the lr schedule it started with
+        check_extension(newest[0], newest[1], cfg)
+    return itertools.chain([newest], found), done
 
 
 def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]]) -> RunState:

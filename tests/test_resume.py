@@ -130,8 +130,9 @@ def failing_reporter(at_epoch: int):
 
 
 def test_a_crashed_run_resumes_exactly_and_a_finished_one_is_not_retrained(tiny_cfg, tmp_path):
+    # a constant lr: only a schedule whose horizon does not depend on the limits may be extended
     over = ["trainer.checkpoint=true", "trainer.max_epochs=4", "dataset.augment=flip_crop", "model=cnn",
-            "model.width=2"]
+            "model.width=2", "scheduler=constant"]
     ref = train(tiny_cfg(*over), tmp_path / "ref")
     with pytest.raises(RuntimeError, match="worker lost"):
         train(tiny_cfg(*over), tmp_path / "run", reporter=failing_reporter(3))
@@ -145,6 +146,31 @@ def test_a_crashed_run_resumes_exactly_and_a_finished_one_is_not_retrained(tiny_
     assert again["objective"] == resumed["objective"] and (tmp_path / "run" / CHECKPOINT).stat().st_mtime_ns == stamp
     longer = train(tiny_cfg(*over[:1], "trainer.max_epochs=6", *over[2:]), tmp_path / "run")  # a raised limit
     assert longer["epochs"] == 6 and [r["epoch"] for r in rows_of(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("first, longer", [
+    (["trainer.max_epochs=2"], ["trainer.max_epochs=3"]),  # a finished cosine run
+    (["trainer.max_epochs=2", "trainer.max_steps=5"], ["trainer.max_epochs=2", "trainer.max_steps=7"]),  # unfinished
+])
+def test_extending_a_cosine_run_is_refused_before_any_work(tiny_cfg, tmp_path, first, longer):
+    """Issue 19: raising max_epochs on a finished cosine run re-annealed the lr over the new horizon (per-epoch lr
+    1.7e-3, 1.5e-5, 5.2e-4, 4e-6) and nothing in its records said so. The lr path would no longer be the one its
+    config describes, so the extension is refused and the message names the fixes."""
+    train(tiny_cfg("trainer.checkpoint=true", "scheduler=cosine", *first), tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    fixes = r"(?s)trainer.max_.*horizon(?=.*scheduler=constant)(?=.*trainer.resume=never)"
+    with pytest.raises(ValueError, match=fixes):
+        train(tiny_cfg("trainer.checkpoint=true", "scheduler=cosine", *longer), tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_cosine_run_may_get_more_wall_time_or_an_unchanged_horizon(tiny_cfg, tmp_path):
+    over = ["trainer.checkpoint=true", "scheduler=cosine", "trainer.max_epochs=10", "trainer.max_steps=6"]
+    first = train(tiny_cfg(*over, "trainer.max_wall_s=600"), tmp_path)
+    assert first["stop_reason"] == "max_steps"
+    # the step limit sets the horizon (6 < 10 x 4 steps): raising the epoch cap leaves the lr path unchanged
+    again = train(tiny_cfg(*over[:2], "trainer.max_epochs=20", over[3], "trainer.max_wall_s=1200"), tmp_path)
+    assert again["steps"] == 6 and again["objective"] == first["objective"]
 
 
 def test_a_changed_config_refuses_to_resume_and_names_the_keys(tiny_cfg, tmp_path):

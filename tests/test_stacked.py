@@ -109,14 +109,17 @@ def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
 
 
 def test_members_resume_per_run_dir(tmp_path):
-    """A finished member is not retrained; raising max_epochs continues each member from its checkpoint."""
+    """A finished member is not retrained; raising max_epochs continues each member from its checkpoint (under a
+    constant lr: a cosine run's extension is refused, tests/test_resume.py)."""
     dirs = [tmp_path / "a", tmp_path / "b"]
-    cfgs = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=2", f"seed={s}") for s in (0, 1)]
+    cfgs = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=2", "scheduler=constant", f"seed={s}")
+            for s in (0, 1)]
     first = train_members(cfgs, dirs)
     keys = ("epochs", "steps", "wall_s", "test_error", "train_loss")
     again = train_members(cfgs, dirs)  # both finished: their summaries come back, nothing is retrained
     assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in first]
-    longer = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=3", f"seed={s}") for s in (0, 1)]
+    longer = [plain(*CNN, "trainer.checkpoint=true", "trainer.max_epochs=3", "scheduler=constant", f"seed={s}")
+              for s in (0, 1)]
     again = train_members(longer, dirs)
     for d, summary in zip(dirs, again, strict=True):
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
