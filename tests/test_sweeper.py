@@ -209,6 +209,21 @@ def test_a_direction_that_contradicts_the_objective_fails_before_any_trial(tmp_p
     assert not (tmp_path / "0").exists() and not (tmp_path / "optuna.db").exists()
 
 
+def test_the_trainers_study_refuses_a_changed_recipe_but_not_a_changed_stop_limit(tmp_path):
+    """With vitsweep's trainer the study's resume check is the run's own (src.checkpoint.config_differences): a
+    changed model key fails before any trial, naming it; a raised stop limit (a runtime key) continues."""
+    from tests.conftest import TINY
+
+    base = ["-m", "src.train", "-m", *TINY, "optimizer.lr=choice(1e-3,3e-3)", "hydra/sweeper=vitsweep",
+            "hydra.sweeper.study_name=r", f"hydra.sweep.dir={tmp_path}"]
+    run([*base, "hydra.sweeper.n_trials=1"], cwd=ROOT)
+    proc = run([*base, "model.dim=48", "hydra.sweeper.n_trials=2"], cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "model.dim: 32 -> 48" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "1").exists()
+    run([*base, "trainer.max_epochs=2", "hydra.sweeper.n_trials=2"], cwd=ROOT)
+    assert len(optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path}/optuna.db").trials) == 2
+
+
 def test_the_direction_follows_the_trainers_objective(tmp_path):
     """`trainer.objective=test_acc` with no direction set: the study maximises, and the better point wins."""
     from tests.conftest import TINY

@@ -1,10 +1,11 @@
 """Structured configs for `hydra/sweeper=vitsweep`, registered with Hydra's ConfigStore.
 
-The keys are those of hydra-optuna-sweeper 1.2/1.3 and its 1.4 pre-releases, with their defaults (so its
-sweep files run after changing only the sweeper name), plus `pruner`, `n_workers`, `presets` and the
-liveness keys. Sampler keys Optuna 5 deprecated are accepted and passed on only when set to another value
-than the default or null (`TRANSLATED`). Samplers live in `hydra/sweeper/sampler`
-and pruners in `hydra/sweeper/pruner`, so `override hydra/sweeper/sampler: tpe` keeps working;
+The keys are those of hydra-optuna-sweeper 1.2/1.3 and its 1.4 pre-releases, with their meanings (so its
+sweep files run after changing the sweeper's name and deleting HOS's `_target_` line; docs/hos_migration.md
+lists every key and the few different defaults), plus `pruner`, `n_workers`, `presets` and the liveness keys.
+Sampler keys Optuna 5 deprecated are accepted and passed on only when set to another value than the default
+or null (`TRANSLATED`). Samplers live in `hydra/sweeper/sampler` and pruners in `hydra/sweeper/pruner`, so
+`override hydra/sweeper/sampler: tpe` keeps working;
 `hydra.sweeper.sampler=<name>` and `hydra.sweeper.pruner=<name>` are accepted as shorthands.
 """
 
