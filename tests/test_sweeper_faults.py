@@ -16,7 +16,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
-from tests.test_sweeper import APP, ROOT, load, sweep
+from tests.test_sweeper import APP, ROOT, load, run, sweep
 
 pytestmark = pytest.mark.faults
 
@@ -170,8 +170,8 @@ def test_a_silent_worker_on_another_host_is_failed_and_its_trial_retried(tmp_pat
 def test_a_worker_stopped_mid_trial_hands_its_trial_back_and_the_same_command_continues_it(tmp_path):
     """SIGTERM (e.g. SLURM preemption): the run stops after a checkpoint with SystemExit; the worker fails its trial
     and enqueues the retry at once, and the next command runs it under the same job number (run dir)."""
-    proc = sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2", "interrupt=true",
-                 check=False)
+    proc = run([APP, "-m", f"hydra.sweep.dir={tmp_path}", "x=choice(0,1)", "hydra/sweeper/sampler=grid",
+                "hydra.sweeper.n_trials=2"], cwd=tmp_path, check=False, env={"SWEEPER_APP_INTERRUPT": "1"})
     assert proc.returncode == 143
     study = load(tmp_path)
     first = study.trials[0]

@@ -5,6 +5,7 @@ A top-level `trial` key of the config is the user's own: the summary records it 
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def main(cfg: DictConfig):
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.fail:
         raise RuntimeError("planted failure")
-    if cfg.interrupt:
+    if os.environ.get("SWEEPER_APP_INTERRUPT"):  # an event from outside (SIGTERM), not part of the study's recipe
         raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
     trial = current_trial(run_dir)
     reporter = make_reporter(trial)
