@@ -16,7 +16,8 @@ Shares, evaluation / (training + evaluation), for a run of ``--run-epochs`` epoc
   before: train and test split scored every epoch at eval batch 256 (the defaults before issue 20);
   batch:  the same at eval batch 1024 (the new default);
   after:  eval batch 1024, the train split every epoch, the test split every ``--test-every`` epochs and at
-          the final evaluation (``trainer.test_every``), i.e. ceil(run_epochs / test_every) test scorings.
+          the final evaluation (``trainer.test_every``), i.e. ceil(run_epochs / test_every) test scorings;
+  final:  the same with ``trainer.test_every=null``: the test split scored at the final evaluation only.
 """
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def config(width: int, precision: str, root: str | None, threads: int):
+def config(width: int, precision: str, root: str | None, threads: int, n_test: int = 10_000):
     data = ([f"dataset.root={root}"] if root else
-            ["dataset=synthetic", "dataset.channels=1", "dataset.num_train=1024", "dataset.num_test=10000"])
+            ["dataset=synthetic", "dataset.channels=1", "dataset.num_train=1024", f"dataset.num_test={n_test}"])
     overrides = ["model=cnn", f"model.width={width}", "optimizer=sgd", "optimizer.lr=0.05", "optimizer.momentum=0.9",
                  "scheduler=constant", "label_noise=p20", "dataset.n_train=1024", "dataset.image_size=32",
                  "trainer.batch_size=128", "trainer.max_epochs=1000", "trainer.device=cpu",
@@ -84,7 +85,7 @@ def timed(fn) -> tuple[float, float]:
 
 def measure(width: int, precision: str, args) -> dict[str, tuple[float, float]]:
     """Median (wall, cpu) seconds per epoch of training and of each split's scoring at each eval batch."""
-    state = setup(config(width, precision, args.root, args.threads), None)
+    state = setup(config(width, precision, args.root, args.threads, args.n_test), None)
     state.started = time.perf_counter()
     times: dict[str, list[tuple[float, float]]] = {}
     for epoch in range(args.epochs + 1):
@@ -105,11 +106,11 @@ def measure(width: int, precision: str, args) -> dict[str, tuple[float, float]]:
 
 
 def shares(m: dict[str, tuple[float, float]], run_epochs: int, test_every: int, i: int) -> dict[str, float]:
-    """Evaluation's share of the run's time (i = 0 wall, 1 cpu) for the three settings."""
+    """Evaluation's share of the run's time (i = 0 wall, 1 cpu) for each setting of the module docstring."""
     train, tests = m["train_epoch"][i], math.ceil(run_epochs / test_every)
     out = {}
     for name, bs, n_test in (("before", BEFORE_BATCH, run_epochs), ("batch", AFTER_BATCH, run_epochs),
-                             ("after", AFTER_BATCH, tests)):
+                             ("after", AFTER_BATCH, tests), ("final", AFTER_BATCH, 1)):
         ev = run_epochs * m[f"train@{bs}"][i] + n_test * m[f"test@{bs}"][i]
         out[name] = ev / (run_epochs * train + ev)
     return out
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--run-epochs", type=int, default=100, help="run length the shares are given for")
     p.add_argument("--test-every", type=int, default=20, help="trainer.test_every of the 'after' setting")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--n-test", type=int, default=10_000, help="synthetic test images (without --root; tests)")
     args = p.parse_args(argv)
     print(f"# eval_share  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  CPU: {cpu_model()} "
           f"({torch.get_num_threads()} torch threads -> {args.threads}; native bf16: {cpu_has_fast_bf16()})")
@@ -131,8 +133,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"medians over {args.epochs} epochs after a warm-up; shares for a {args.run_epochs}-epoch run at "
           f"eval_every=1 (after: test_every={args.test_every})")
     head = (f"{'C1':>3} {'prec':>5} | {'train s/ep':>10} | {'score train 256/1024':>20} | "
-            f"{'score test 256/1024':>19} | {'share before':>12} {'batch':>6} {'after':>6} | {'cpu: before':>11} "
-            f"{'after':>6}")
+            f"{'score test 256/1024':>19} | {'share before':>12} {'batch':>6} {'after':>6} {'final':>6} | "
+            f"{'cpu: before':>11} {'after':>6} {'final':>6}")
     print(head + "\n" + "-" * len(head))
     rows = []
     for width in (int(w) for w in args.widths.split(",")):
@@ -143,8 +145,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"{width:>3} {precision:>5} | {m['train_epoch'][0]:>10.3f} | "
                   f"{m[f'train@{BEFORE_BATCH}'][0]:>9.3f} {m[f'train@{AFTER_BATCH}'][0]:>10.3f} | "
                   f"{m[f'test@{BEFORE_BATCH}'][0]:>9.3f} {m[f'test@{AFTER_BATCH}'][0]:>9.3f} | "
-                  f"{wall['before']:>12.0%} {wall['batch']:>6.0%} {wall['after']:>6.0%} | "
-                  f"{cpu['before']:>11.0%} {cpu['after']:>6.0%}", flush=True)
+                  f"{wall['before']:>12.0%} {wall['batch']:>6.0%} {wall['after']:>6.0%} {wall['final']:>6.0%} | "
+                  f"{cpu['before']:>11.0%} {cpu['after']:>6.0%} {cpu['final']:>6.0%}", flush=True)
     return rows
 
 

@@ -234,3 +234,24 @@ def test_benchmark_cnn_and_check_and_scaling_modes(bench, capsys):
     assert set(r) == {"fp32", "bf16", "rel"} and r["rel"] < 0.1
     r = bench.main(["--model", "cnn", "--width", "2", "--batch", "16", "--scaling", "--sizes", "32,64,96"])
     assert len(r["rows"]) == 3 and "R^2" in capsys.readouterr().out
+
+
+def test_eval_share_benchmark_prints_the_shares(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import eval_share
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = eval_share.main(["--widths", "1", "--precisions", "fp32", "--epochs", "1", "--n-test", "256",
+                            "--run-epochs", "10", "--test-every", "5"])
+    out = capsys.readouterr().out
+    assert "CPU:" in out and "share before" in out and len(rows) == 1
+    wall = rows[0]["wall"]
+    assert all(0 < wall[k] < 1 for k in ("before", "batch", "after", "final"))
+    assert wall["final"] <= wall["after"] <= wall["batch"]  # fewer test scorings, smaller share
+    # the share arithmetic: 10 epochs, the test split scored twice (epochs 5 and 10) at batch 1024
+    m = {"train_epoch": (4.0, 0), "train@256": (2.0, 0), "train@1024": (1.0, 0), "test@256": (3.0, 0),
+         "test@1024": (2.0, 0)}
+    s = eval_share.shares(m, 10, 5, 0)
+    assert s["before"] == pytest.approx(50 / 90) and s["after"] == pytest.approx(14 / 54)
+    assert s["final"] == pytest.approx(12 / 52)
