@@ -79,9 +79,9 @@ def current_trial(run_dir: str | Path | None = None) -> TrialIdentity | None:
 def open_storage(url: str, existing: bool = False):
     """Open an Optuna storage by URL (``sqlite:///``, ``journal://``, PostgreSQL, MySQL); errors name
     ``hydra.sweeper.storage``. ``existing=True`` skips creating tables (a job or a reader of a sweep's storage)."""
-    from .storage import open_storage as _open  # optuna loads only when a storage is opened
+    from . import storage  # optuna loads only when a storage is opened
 
-    return _open(url, existing=existing)
+    return storage.open_storage(url, existing=existing)
 
 
 def open_existing_storage(url: str):
