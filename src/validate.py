@@ -129,9 +129,10 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
         raise ValueError(f"trainer.checkpoint_every={every} must be an integer >= 0 (epochs; 0 = only at the end)")
     test_every, eval_every = t.get("test_every", 1), t.get("eval_every", 1)
     if test_every is not None and (not isinstance(test_every, int) or isinstance(test_every, bool) or test_every < 1
-                                   or (isinstance(eval_every, int) and eval_every > 0 and test_every % eval_every)):
-        raise ValueError(f"trainer.test_every={test_every} must be null or a whole multiple of trainer.eval_every="
-                         f"{eval_every} (epochs between scorings of the test split; the final evaluation always "
-                         "scores it)")
+                                   or (isinstance(eval_every, int) and eval_every > 0 and test_every % eval_every
+                                       and eval_every % test_every)):  # a divisor (e.g. 1): every evaluation
+        raise ValueError(f"trainer.test_every={test_every} must be null, a whole multiple of trainer.eval_every="
+                         f"{eval_every} or a divisor of it such as 1 (every evaluation then scores the test split); it "
+                         "counts epochs between scorings of the test split, and the final evaluation always scores it")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")
