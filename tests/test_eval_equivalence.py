@@ -118,6 +118,11 @@ def test_bad_test_every_fails_naming_the_key(tiny_cfg, tmp_path, overrides):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_test_every_1_scores_every_evaluation_whatever_eval_every(tiny_cfg, tmp_path):
+    train(tiny_cfg(*CNN, "trainer.max_epochs=4", "trainer.eval_every=2"), tmp_path)
+    assert [(r["epoch"], "test_error" in r) for r in rows_of(tmp_path)] == [(2, True), (4, True)]
+
+
 def test_eval_settings_may_change_on_resume(tiny_cfg):
     a = plain_config(tiny_cfg(*CNN))
     b = plain_config(tiny_cfg(*CNN, "trainer.eval_batch_size=64", "trainer.test_every=null"))
