@@ -21,6 +21,19 @@ TINY = ["model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64", "d
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _test_cache_dir(tmp_path_factory):
+    """Dataset caches built by the tests go to one throwaway folder, not the user's cache dir (subprocesses
+    started by the tests inherit the variable); a test that sets VITSWEEP_CACHE itself overrides it."""
+    old = os.environ.get("VITSWEEP_CACHE")
+    os.environ["VITSWEEP_CACHE"] = str(tmp_path_factory.mktemp("vitsweep-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VITSWEEP_CACHE", None)
+    else:
+        os.environ["VITSWEEP_CACHE"] = old
+
+
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides or [])

@@ -32,13 +32,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from src.data import sources
 from src.data.dicom import DicomError, preprocess
 from src.data.splits import DataSplits
 
 CACHE_VERSION = 1  # bump when preprocessing changes in a way the settings do not capture
 RSNA_COLUMNS = ("patient_id", "image_id", "laterality", "cancer")
 BALANCE = ("none", "pos_weight", "sampler")
-DEFAULT_CACHE = Path(os.environ.get("VITSWEEP_CACHE", Path.home() / ".cache" / "vitsweep")) / "dicom"
 
 
 def read_table(csv: str | Path, required: tuple[str, ...]) -> pd.DataFrame:
@@ -260,7 +260,8 @@ def _load_rows(rows: pd.DataFrame, name: str, classes: list[str], image_size: in
     if (n_train is not None and n_train < 1) or (val_size or 0) < 0:
         raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive")
     rows = rows.iloc[patient_order(rows["patient"].to_numpy(str), rows["label"].to_numpy())].reset_index(drop=True)
-    out = Path(cache_dir or DEFAULT_CACHE) / f"{name}-{image_size}px-{cache_key(rows, image_size, crop, flip)}"
+    base = Path(cache_dir) if cache_dir else sources.cache_dir() / "dicom"  # VITSWEEP_CACHE or the user cache dir
+    out = base / f"{name}-{image_size}px-{cache_key(rows, image_size, crop, flip)}"
     reused = (out / "meta.json").is_file()
     if reused:
         meta = json.loads((out / "meta.json").read_text())
