@@ -115,3 +115,22 @@ def test_a_bare_deletion_is_passed_on_as_written():
 
     _, fixed = parse({}, ["~z", "~q=3", "x=1"])
     assert [override_line(k, v) for k, v in fixed.items()] == ["~z", "~q=3", "x=1"]
+
+
+def test_hydras_plugin_scan_leaves_the_public_modules_objects_alone():
+    """Hydra's plugin scan re-executes every hydra_plugins module whose name has no leading underscore, in place
+    (hydra/core/plugins.py). The public modules must survive that: a class bound before a rescan (an exception a
+    caller catches, the trial identity) is the one the code raises and builds afterwards."""
+    from hydra.core.plugins import Plugins
+
+    import hydra_plugins
+    from hydra_plugins.vitsweep_sweeper import protocol, storage, study
+
+    before = (SearchSpaceError, protocol.TrialIdentity, study.WarmupPruner, storage.open_storage)
+    Plugins._scan_all_plugins(modules=[hydra_plugins])
+    with pytest.raises(before[0]):
+        parse({"x": "choice(1,"}, [])
+    after = (SearchSpaceError, protocol.TrialIdentity, study.WarmupPruner, storage.open_storage)
+    import hydra_plugins.vitsweep_sweeper.search_space as ss
+
+    assert ss.SearchSpaceError is before[0] and after[1:] == before[1:]

@@ -34,10 +34,10 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
 from . import _liveness as lv
-from . import protocol
-from . import search_space as ss
-from . import storage as sto
-from . import study as st
+from . import _protocol as protocol
+from . import _search_space as ss
+from . import _storage as sto
+from . import _study as st
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from .study import HEARTBEAT_ATTR, JOB_ATTR, WORKER_ATTR, params_of
+from ._study import HEARTBEAT_ATTR, JOB_ATTR, WORKER_ATTR, params_of
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "VITSWEEP_PARENT_PID"  # set for worker processes: the sweep's main process
