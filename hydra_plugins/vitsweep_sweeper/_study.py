@@ -39,6 +39,9 @@ def sampler_node(value: Any) -> DictConfig:
     return _node(value, SAMPLERS, "sampler")
 
 
+NO_PRUNER = "hydra_plugins.vitsweep_sweeper.study.no_pruner"  # config.NopPrunerConfig's _target_ (the public module)
+
+
 def no_pruner(**ignored: Any) -> optuna.pruners.NopPruner:
     """`hydra/sweeper/pruner=none`: no pruning, whatever options the study file set for another pruner."""
     return optuna.pruners.NopPruner()
@@ -46,7 +49,7 @@ def no_pruner(**ignored: Any) -> optuna.pruners.NopPruner:
 
 def pruner_node(value: Any) -> DictConfig:
     node = _node(value, PRUNERS, "pruner")
-    if node.get("_target_") in ("optuna.pruners.NopPruner", f"{__name__}.no_pruner"):
+    if node.get("_target_") in ("optuna.pruners.NopPruner", NO_PRUNER):
         return OmegaConf.create({"_target_": "optuna.pruners.NopPruner"})  # as stored in the study
     return node
 
