@@ -78,7 +78,8 @@ def test_sigkilled_then_resumed_equals_uninterrupted(references, model, tmp_path
     stop_after(proc, tmp_path, 3, signal.SIGKILL)
     rc, _ = finish(proc)
     assert rc == -signal.SIGKILL and not (tmp_path / "summary.json").exists()
-    assert (tmp_path / CHECKPOINT).is_file()
+    # a kill between the rotation's two renames leaves only checkpoint.prev.pt, which the resume falls back to
+    assert (tmp_path / CHECKPOINT).is_file() or (tmp_path / PREVIOUS).is_file()
     rc, out = finish(start(overrides, tmp_path))
     assert rc == 0, out[-3000:]
     assert "resuming" in out
