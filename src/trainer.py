@@ -117,10 +117,15 @@ def score_splits(state: RunState, splits: Iterable[str]) -> dict[str, float]:
     return row
 
 
+def last_lr(state: RunState) -> float:
+    """The lr of the last optimizer step taken (the schedule is a pure function of the step)."""
+    return state.schedule(max(state.step - 1, 0))
+
+
 def evaluation_row(state: RunState, epoch_images: int, epoch_time: float, final: bool = False) -> dict[str, Any]:
     """The per-evaluation row of ``metrics.jsonl`` (schema in the README's run-dir contract): train and val
     metrics at every evaluation, test metrics when ``test_due`` (``final``: the run stops after this one)."""
-    row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "lr": state.schedule(max(state.step - 1, 0))}
+    row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "lr": last_lr(state)}
     share = batchnorm_start_share(state.model, state.step)
     if share > BN_START_SHARE:  # running statistics still near their start value: scoring with them is wrong
         log.info(f"BatchNorm running statistics still hold {share:.0%} of their start value after {state.step} "
@@ -251,7 +256,7 @@ def lr_record(state: RunState, reason: str) -> dict[str, Any]:
     """``base_lr`` (the schedule's peak), ``lr_at_stop`` (the lr of the last optimizer step) and ``low_lr_stop``:
     the run stopped as converged or stalled while that lr was below ``LOW_LR_SHARE`` of the peak, so the train
     error may have stopped moving because the schedule annealed the lr, not because the model converged."""
-    base, lr = state.schedule.base_lr, state.schedule(max(state.step - 1, 0))
+    base, lr = state.schedule.base_lr, last_lr(state)
     return {"base_lr": base, "lr_at_stop": lr, "low_lr_stop": reason in MOTIONLESS and lr < LOW_LR_SHARE * base}
 
 
