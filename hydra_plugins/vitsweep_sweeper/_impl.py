@@ -10,7 +10,6 @@ through `hydra.job.env_set` (see protocol.py), never through a key of their conf
 original's job number.
 """
 
-import importlib.util
 import logging
 import os
 import shlex
@@ -485,13 +484,12 @@ def _trainer_direction(objective: str) -> str | None:
 def _recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved -> current` for each differing key. In vitsweep's trainer this is the check a run makes before
     it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree."""
-    if importlib.util.find_spec("src") is not None:
-        try:
-            from src.checkpoint import config_differences
-        except ImportError:
-            pass
-        else:
-            return config_differences(saved, current)
+    try:
+        from src.checkpoint import config_differences
+    except ImportError:
+        pass
+    else:
+        return config_differences(saved, current)
     return [f"{k}: {saved.get(k, '<absent>')!r} -> {current.get(k, '<absent>')!r}"
             for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
 
