@@ -176,18 +176,14 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     return df
 
 
-LOW_LR_FRACTION = 0.1  # a stop that means "stopped moving" with the lr below this fraction of its base is flagged
-MOVING_STOPS = ("converged", "stalled")  # stop rules that fire when the train error stops moving
-
-
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
 
     ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``). Such a run is a result (its test and
     train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
-    with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the run
-    stopped by a rule in ``MOVING_STOPS`` while ``lr_at_stop < LOW_LR_FRACTION * base_lr`` (recorded by the trainer,
-    or computed here from those two keys; False where the run recorded neither). Runs that diverged
+    with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the
+    trainer's flag (it stopped as converged or stalled with the lr below a tenth of its base; the flag came with
+    ``lr_at_stop`` and ``base_lr``, so a run without it predates all three: False). Runs that diverged
     (``nonfinite_loss``) stay failed."""
     if df.empty:
         return df
@@ -202,13 +198,7 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
             name = df.at[i, "objective_name"]
             if isinstance(name, str) and name in df and pd.notna(df.at[i, name]):
                 df.at[i, "objective"] = df.at[i, name]
-    low = pd.Series(False, index=df.index)
-    if "lr_at_stop" in df and "base_lr" in df:
-        at_stop, base = pd.to_numeric(df["lr_at_stop"], errors="coerce"), pd.to_numeric(df["base_lr"], errors="coerce")
-        low = reason.isin(MOVING_STOPS) & (at_stop < LOW_LR_FRACTION * base)
-    if "low_lr_stop" in df:
-        low = df["low_lr_stop"].where(df["low_lr_stop"].notna(), low)
-    df["low_lr_stop"] = low.astype(bool)
+    df["low_lr_stop"] = df["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in df else False
     return df
 
 
@@ -273,13 +263,13 @@ def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
         metrics = read_metrics(path)
         if not metrics:
             continue
-        row = result_flags(pd.DataFrame([_run_record(run_dir)[0]])).iloc[0].to_dict()  # a stalled run is a result
+        row, _ = _run_record(run_dir)
         hist = pd.DataFrame(metrics)
         static = {k: v for k, v in row.items() if k not in hist.columns}
         frames.append(hist.assign(**{k: [v] * len(hist) for k, v in static.items()}))
     if not frames:
         raise FileNotFoundError(f"no metrics.jsonl with readable lines under {paths}; {_EXPECTED}")
-    return pd.concat(frames, ignore_index=True)
+    return result_flags(pd.concat(frames, ignore_index=True))  # a stalled run is a result
 
 
 def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLike] | None = None) -> pd.DataFrame:

@@ -15,7 +15,7 @@ import pandas as pd
 from analysis import figures
 from analysis.double_descent import WIDTH_KEYS, descent_curves, descent_summary
 from analysis.fits import fit_learning_curve
-from analysis.load import LOW_LR_FRACTION, load_history, load_runs
+from analysis.load import load_history, load_runs
 from analysis.tables import format_table, format_value, summary_table, to_markdown, write_table
 
 # config keys that never count as "what the sweep varied"
@@ -282,7 +282,7 @@ def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
         named = ", ".join(f"`{d}`" for d in runs.loc[low, "run_dir"])
         its = "their" if n > 1 else "its"
         lines.append(f"- {n} run{'s' if n > 1 else ''} stopped (converged or stalled) with {its} lr below "
-                     f"{LOW_LR_FRACTION:.0%} of {its} base: the train error may have "
+                     f"10% of {its} base (the trainer's `low_lr_stop`): the train error may have "
                      f"stopped moving because the lr had annealed, not because the model had fitted ({named}). "
                      "Counted in the tables' `low-lr stops` column.")
     return [*lines, ""] if lines else []
