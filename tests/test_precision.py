@@ -1,0 +1,74 @@
+"""``trainer.precision=auto`` on a CPU with native bf16 (issue 20): it times the model in fp32 and bf16 and takes
+the faster, without changing the run it chooses for, and a resumed run keeps the precision it started with."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import src.run_state as run_state
+from src.run_state import measure_precision, setup
+
+CNN = ["model=cnn", "model.width=2", "optimizer=sgd", "scheduler=constant", "dataset.n_train=64",
+       "trainer.batch_size=32"]
+
+
+def fake_timing(fp32_s: float, bf16_s: float):
+    """A ``step_seconds`` that reports fixed times per precision (fp32 runs under a nullcontext)."""
+    def step_seconds(model, xb, yb, autocast):
+        model(xb).sum().backward()  # touch the model as the real probe does
+        return fp32_s if isinstance(autocast, contextlib.nullcontext) else bf16_s
+    return step_seconds
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """This CPU as one with native bf16, whatever it is (``auto`` then probes)."""
+    monkeypatch.setattr(run_state, "resolve_precision", lambda name, device: "bf16" if name == "auto" else name)
+
+
+@pytest.mark.parametrize("fp32_s,bf16_s,chosen", [(2.0, 1.0, "bf16"), (1.0, 2.0, "fp32"), (1.05, 1.0, "fp32")])
+def test_auto_takes_the_faster_precision_with_fp32_on_near_ties(tiny_cfg, bf16_cpu, monkeypatch, fp32_s, bf16_s,
+                                                                chosen):
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(fp32_s, bf16_s))
+    state = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
+    assert state.info["precision"] == chosen
+    assert state.info["precision_probe_s"] == {"fp32": fp32_s, "bf16": bf16_s}
+    assert isinstance(state.autocast, contextlib.nullcontext) == (chosen == "fp32")
+
+
+def test_the_probe_leaves_the_run_as_it_would_be_without_it(tiny_cfg, bf16_cpu, monkeypatch):
+    """Same initial weights, same global random state after setup (dropout draws from it) as a run set to the
+    precision the probe chose."""
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))
+    probed = setup(tiny_cfg("model.dropout=0.2", "trainer.precision=auto"), None)  # the probe's passes draw dropout
+    after_probe = torch.get_rng_state()
+    plain = setup(tiny_cfg("model.dropout=0.2", "trainer.precision=fp32"), None)
+    assert torch.equal(after_probe, torch.get_rng_state())
+    for a, b in zip(probed.model.parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert "precision_probe_s" not in plain.info
+
+
+def test_a_resumed_run_keeps_the_precision_auto_chose_at_its_start(tiny_cfg, bf16_cpu, monkeypatch):
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(2.0, 1.0))
+    first = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
+    saved = first.state_dict()
+    assert saved["precision"] == "bf16"
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))  # the machine now favours fp32
+    again = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
+    assert again.info["precision"] == "fp32"
+    again.load_state_dict(saved)
+    assert again.info["precision"] == "bf16" and not isinstance(again.autocast, contextlib.nullcontext)
+
+
+def test_the_real_probe_times_both_and_leaves_the_model_untouched():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 10))
+    before = [p.detach().clone() for p in model.parameters()]
+    chosen, seconds = measure_precision(model, (3, 8, 8), 10, 16)
+    assert chosen in ("fp32", "bf16") and set(seconds) == {"fp32", "bf16"}
+    assert all(s > 0 for s in seconds.values())
+    assert all(p.grad is None for p in model.parameters())
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)
