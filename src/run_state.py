@@ -73,18 +73,19 @@ def step_seconds(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor,
 
 
 def measure_precision(model: torch.nn.Module, image_shape: tuple[int, ...], num_classes: int,
-                      batch_size: int) -> tuple[str, dict[str, float]]:
+                      batch_size: int, channels_last: bool = False) -> tuple[str, dict[str, float]]:
     """``auto`` on a CPU with native bf16: time a training step's forward + backward of this model at this
     batch size in fp32 and in bf16, and take bf16 only where it is at least ``BF16_MARGIN`` times faster (on
     one AVX512-BF16 CPU bf16 was 2.1x faster for the C1 = 32 CNN and slower at C1 <= 8; on another, 1.6x
-    slower for the dim 64, depth 3 ViT). The probe trains a copy on a synthetic batch and restores the global
-    random state, so the run it chooses for is the run it would be without it. Returns the choice and the
-    median seconds per pass of each."""
+    slower for the dim 64, depth 3 ViT). The probe trains a copy on a synthetic batch (in the memory format the
+    run trains in) and restores the global random state, so the run it chooses for is the run it would be
+    without it. Returns the choice and the median seconds per pass of each."""
     rng = torch.get_rng_state()
     try:
         probe = copy.deepcopy(model).train()
         g = torch.Generator().manual_seed(0)
         xb = torch.randn(batch_size, *image_shape, generator=g)
+        xb = xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
         yb = torch.randint(0, num_classes, (batch_size,), generator=g)
         cpu = torch.device("cpu")
         seconds = {p: step_seconds(probe, xb, yb, autocast_for(cpu, p)) for p in ("fp32", "bf16")}
@@ -292,14 +293,14 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     data.y_train, flipped = apply_label_noise(y_clean, float(cfg["label_noise"]["p"]), data.num_classes,
                                               torch.Generator().manual_seed(seed + 1))
     model, model_cfg = build_model(cfg["model"], data)
+    channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
+    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     probe = None
     if t["precision"] == "auto" and precision == "bf16" and device.type == "cpu":
         precision, probe = measure_precision(model, tuple(data.image_shape), data.num_classes,
-                                             min(int(t["batch_size"]), len(data.y_train)))
+                                             min(int(t["batch_size"]), len(data.y_train)), channels_last)
         log.info("precision auto: %s (forward + backward %.1f ms in fp32, %.1f ms in bf16)", precision,
                  1e3 * probe["fp32"], 1e3 * probe["bf16"])
-    channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
-    model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)
