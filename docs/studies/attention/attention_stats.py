@@ -10,7 +10,10 @@ images, no training. Columns:
 - ink_share: share of the class-mean CLS attention on the quarter of patches with the most ink (0.25 = no
   preference), mean over classes.
 
-    python docs/studies/attention/attention_stats.py /work/runs/attention docs/studies/attention/attention_stats.csv
+    python docs/studies/attention/attention_stats.py RUNS_DIR docs/studies/attention/attention_stats.csv
+
+RUNS_DIR holds one folder per run (a run dir, or a link to one), named as the table's `run` column, each with the
+tool's attention/attention.npz.
 """
 import sys
 from pathlib import Path
@@ -23,9 +26,6 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from src.attention.tool import attention_maps, first_per_class, load_model, load_test_split, normalise  # noqa: E402
-
-RUNS = ["h1_d1", "h4_d3", "h4_d3_5v8"]
-
 
 def uniform_distance(grid: int, patch: int) -> float:
     ij = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2).float()
@@ -71,7 +71,10 @@ def run_stats(run: Path) -> list[dict]:
 def main() -> None:
     torch.set_num_threads(1)
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
-    table = pd.DataFrame([r for name in RUNS for r in run_stats(root / name)])
+    runs = sorted(p.parent.parent for p in root.glob("*/attention/attention.npz"))
+    if not runs:
+        raise SystemExit(f"{root}: no <run>/attention/attention.npz; run `python -m src.attention <run dir>` first")
+    table = pd.DataFrame([r for run in runs for r in run_stats(run)])
     table.to_csv(out, index=False, float_format="%.3f")
     print(table.round(3).to_string(index=False))
 
