@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from src.attention.tool import attention_maps, first_per_class, load_model, load_test_split, normalise  # noqa: E402
 
+
 def uniform_distance(grid: int, patch: int) -> float:
     ij = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2).float()
     return float((torch.cdist(ij, ij) * patch).mean())
