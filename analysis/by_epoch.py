@@ -1,6 +1,6 @@
 """Test error against width at fixed epochs of a double-descent sweep (the runs still training at that epoch).
 
-    python docs/studies/double_descent_cnn/test_error_by_epoch.py /work/studies/double_descent_cnn \
+    python -m analysis.by_epoch /work/studies/double_descent_cnn \
         --out docs/studies/double_descent_cnn/test_error_by_epoch
 
 The study's figures score each run where its train error stopped moving; this table shows the same runs at fixed
@@ -10,23 +10,22 @@ Writes <out>.csv (every cell with its seed count) and <out>.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-from analysis.load import load_history, load_runs  # noqa: E402
+from analysis.double_descent import width_column
+from analysis.load import load_history, load_runs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir")
     ap.add_argument("--out", required=True, help="path without suffix")
-    ap.add_argument("--width", default="model.width", help="the width key")
+    ap.add_argument("--width", default=None, help="the width key (default: the one the sweep varied)")
     ap.add_argument("--epochs", default="20,40,60,100,200")
     args = ap.parse_args()
     runs = load_runs(args.sweep_dir)
     runs = runs[~runs["stalled"].astype(bool)]
+    args.width = args.width or width_column(runs)
     hist = load_history(args.sweep_dir)
     hist = hist[hist["run_dir"].isin(runs["run_dir"]) & hist["test_error"].notna()]
     epochs = [int(e) for e in args.epochs.split(",")]
