@@ -30,7 +30,7 @@ def counted(study):
 
 def assert_each_point_once(study, n_points=6):
     """Each grid point COMPLETE exactly once among all trials, and the budget's trials are exactly the grid."""
-    done = [(t.params["x"], t.params["y"]) for t in study.trials if t.state == TrialState.COMPLETE]
+    done = [tuple(sorted(t.params.items())) for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(done) == len(set(done)) == n_points, sorted(done)
     assert len(counted(study)) == n_points
 
@@ -216,3 +216,64 @@ def test_journal_storage_runs_two_workers(tmp_path):
     from hydra_plugins.vitsweep_sweeper.storage import open_storage
 
     assert_each_point_once(optuna.load_study(study_name="app", storage=open_storage(url)))
+
+
+# one launcher batch of the whole grid (as the study files run it): two short trials, two long ones
+BATCH = ["x=choice(0,1)", "epochs=choice(1,150)", "sleep_s=0.1", "hydra/sweeper/sampler=grid",
+         "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=4", "hydra/launcher=vectorized", "hydra.launcher.n_procs=4",
+         *LIVENESS]
+
+
+def told_while_batch_runs(tmp_path):
+    """The finished and running trials once the short jobs of the batch are told and the long ones still run."""
+    study = load(tmp_path)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    running = study.get_trials(states=(TrialState.RUNNING,))
+    return (done, running) if len(done) == 2 and len(running) == 2 else None
+
+
+def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in_one_batch(tmp_path):
+    """Found in heads_depth (2026-11-25): the storage learnt a batch's results only when the whole batch returned,
+    so a killed sweep left its finished trials RUNNING; their retries ran one at a time; and a retry killed by a
+    second session end used up max_retries and failed the point for good."""
+    proc = start(tmp_path, *BATCH)
+    done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
+                             what="the short trials told while the long ones run")
+    assert {t.params["epochs"] for t in done} == {1} and {t.params["epochs"] for t in running} == {150}
+    for _ in range(2):  # a session ends (everything killed), twice; the second time while the retries run
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        time.sleep(3)  # the orphaned pool workers see their parent gone within a second and stop
+        proc = start(tmp_path, *BATCH)
+        wait_for(lambda: len([t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
+                              if "retry_of" in t.user_attrs]) == 2, timeout=120, what="the retries running")
+    proc.kill()
+    proc.communicate(timeout=60)
+    time.sleep(3)
+    out = sweep(tmp_path, *BATCH)  # the same command
+    assert "Launching 2 jobs" in out.stdout + out.stderr, "the two retries did not run as one batch"
+    study = load(tmp_path)
+    assert_each_point_once(study, n_points=4)
+    assert sorted(t.number for t in done) == sorted(t.number for t in study.get_trials(states=(TrialState.COMPLETE,))
+                                                    if t.params["epochs"] == 1), "a finished trial ran again"
+    for t in study.get_trials(states=(TrialState.FAIL,)):
+        assert t.user_attrs.get("interrupted"), t.user_attrs
+        assert [r for r in study.trials if r.user_attrs.get("retry_of") == t.number], f"trial {t.number} not retried"
+
+
+def test_sigterm_to_a_sweep_running_a_batch_hands_back_only_the_running_trials(tmp_path):
+    proc = start(tmp_path, *BATCH)
+    done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
+                             what="the short trials told while the long ones run")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    study = load(tmp_path)
+    assert {t.number for t in study.get_trials(states=(TrialState.COMPLETE,))} == {t.number for t in done}
+    for t in running:
+        assert study.trials[t.number].state == TrialState.FAIL
+        assert "interrupted: SystemExit 143" in study.trials[t.number].user_attrs["error"]
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["retry_of"] for t in waiting) == sorted(t.number for t in running)
+    sweep(tmp_path, *BATCH)
+    assert_each_point_once(load(tmp_path), n_points=4)

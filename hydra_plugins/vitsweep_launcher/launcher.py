@@ -4,7 +4,10 @@ This module is what Hydra's plugin scan imports; the pool (``pool.py``) loads on
 launches jobs through it. Keys are checked here, when Hydra builds the launcher, before any job runs.
 """
 
-from collections.abc import Sequence
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -29,6 +32,9 @@ class VectorizedLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
         self.pool: tuple | None = None  # (key, workers, ProcessPoolExecutor), kept across batches
+        # set by a sweeper that records each job's result as it ends (vitsweep's tells its trial then), rather
+        # than when launch() returns the whole batch: fn(job number, JobReturn)
+        self.on_job_done: Callable[[int, JobReturn], None] | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -42,6 +48,19 @@ class VectorizedLauncher(Launcher):
             return launch(self, job_overrides, initial_job_idx)
         except BaseException:
             if self.pool is not None:  # a broken or interrupted pool is not reused
+                _stop_workers(self.pool[2])
                 self.pool[2].shutdown(cancel_futures=True)
                 self.pool = None
             raise
+
+
+def _stop_workers(pool: Any) -> None:
+    """SIGTERM to the pool's live workers, so that a running job saves its checkpoint and stops now (a run's
+    handler, `trainer.resume`) instead of training on while shutdown() waits for it: the launching process was
+    interrupted (SIGTERM, Ctrl-C at it alone) or failed. ProcessPoolExecutor has no public list of its workers."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -54,13 +54,14 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     for cfg, overrides in zip(configs, job_overrides, strict=True):
         log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
     results: dict[int, JobReturn] = {}
-    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results)
+    notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, notify)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
-        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results, notify)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, final=True)
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True)
     return [results[initial_job_idx + i] for i in range(len(configs))]
 
 
@@ -91,9 +92,10 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
 
 
 def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[DictConfig],
-              results: dict[int, JobReturn], final: bool = False) -> list[list[int]]:
-    """Run the units, filling ``results`` by job number; returns the units lost to a dead worker (their
-    jobs fail with that error when ``final``)."""
+              results: dict[int, JobReturn], notify: Any = None, final: bool = False) -> list[list[int]]:
+    """Run the units, filling ``results`` by job number and calling ``notify(job number, JobReturn)`` as each
+    job ends (not when the whole batch has); returns the units lost to a dead worker (their jobs fail with
+    that error when ``final``)."""
     broken = []
     futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
     for fut in as_completed(futures):
@@ -108,6 +110,8 @@ def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[D
         for idx, ret, seconds, slot in done:
             results[idx] = ret
             _log_finished(ret, idx, seconds, slot, len(results), len(configs))
+            if notify is not None:
+                notify(idx, ret)
     return broken
 
 

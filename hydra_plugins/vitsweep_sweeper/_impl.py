@@ -10,15 +10,18 @@ through `hydra.job.env_set` (see protocol.py), never through a key of their conf
 original's job number.
 """
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,8 +262,8 @@ class SweeperImpl:
         self.budget = self.n_trials if self.grid is None else min(self.n_trials, len(self.points))
         self.reaper = lv.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
-            with sto.claim_lock(self.url, self.storage, study._study_id):
-                reaped = self.reaper.reap(study)
+            with sto.claim_lock(self.url, self.storage, study._study_id):  # an earlier command's trials: resumed
+                reaped = self.reaper.reap(study, counted=False)
             log.info(
                 f"Study {self.name!r} in {sto.safe(self.url)}: sampler {type(study.sampler).__name__}, pruner "
                 f"{type(self.pruner).__name__}, directions {self.directions}, budget {self.budget} trials, "
@@ -292,7 +295,7 @@ class SweeperImpl:
     def _work(self, study: optuna.Study, progress: st.Progress) -> None:
         """Claim, launch and tell trials until the budget is used and no other worker's trial is running."""
         poll_s = max(0.2, min(self.heartbeat_s, 1.0))
-        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat:
+        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat, _sigterm_raises():
             while not self._check_failures(study, final=False):
                 with sto.claim_lock(self.url, self.storage, study._study_id):
                     self.reaper.reap(study)
@@ -306,19 +309,21 @@ class SweeperImpl:
                     progress.poll()
                     continue
                 beat.trial_ids = [t._trial_id for t in trials]
+                told = _Teller(self, study, dict(enumerate(trials, job)), beat, progress)
+                if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
+                    self.launcher.on_job_done = told
                 try:
                     returns = self.launcher.launch(overrides, initial_job_idx=job)
                 except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
                     self._hand_back(study, trials, e)
                     raise
+                finally:
+                    if hasattr(self.launcher, "on_job_done"):
+                        self.launcher.on_job_done = None
+                for i, ret in enumerate(returns):
+                    told(job + i, ret)  # what the launcher did not report as it went
+                told.raise_deferred()
                 beat.trial_ids = []
-                for trial, ret in zip(trials, returns, strict=True):
-                    try:
-                        self._tell(study, trial, ret)
-                    except UpdateFinishedTrialError:
-                        log.warning(f"trial {trial.number} was failed by another worker as not answering (raise "
-                                    "hydra.sweeper.grace_s?); its result is dropped and its retry stands for it")
-                progress.poll()
 
     def _hand_back(self, study: optuna.Study, trials: list[Trial], e: BaseException) -> None:
         """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
@@ -332,11 +337,13 @@ class SweeperImpl:
 
     def _claim(self, study: optuna.Study) -> tuple | None:
         """(trials, first job number) to run now; ([], 0) to wait for others' running trials; None when done.
-        A waiting retry goes first, alone, under its original's job number (so it runs in that run dir)."""
+        Waiting retries go first, each under its original's job number (so it runs in that run dir): as many
+        as `n_jobs` in one batch while their job numbers run on consecutively (a launcher numbers a batch's jobs
+        from its first), as after a stopped batch, whose trials' retries are enqueued in job order."""
         trials = study.get_trials(deepcopy=False)
-        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        waiting = [t for t in trials if t.state == TrialState.WAITING]  # in trial number order, as ask() takes them
         counted = st.budget_trials(trials)
-        n = 1 if waiting else min(self.n_jobs, self.budget - len(counted))
+        n = _consecutive_jobs(waiting, self.n_jobs) if waiting else min(self.n_jobs, self.budget - len(counted))
         if n <= 0:
             running = any(t.state == TrialState.RUNNING for t in trials)
             return ([], 0) if running else None
@@ -494,6 +501,15 @@ def _recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[
             for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
 
 
+def _consecutive_jobs(waiting: list, n_jobs: int) -> int:
+    """How many of the waiting trials, from the first, have consecutive job numbers (at most n_jobs)."""
+    jobs = [t.system_attrs.get(st.JOB_ATTR, t.number) for t in waiting[:n_jobs]]
+    n = 1
+    while n < len(jobs) and jobs[n] == jobs[n - 1] + 1:
+        n += 1
+    return n
+
+
 def _trial_keys(trials: list) -> set[str]:
     return {k for t in trials for k in st.params_of(t)}
 
@@ -511,6 +527,56 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flat(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: node}
+
+
+class _Teller:
+    """Tells each trial of a launched batch its result once, as its job ends (with a launcher that reports
+    jobs as they end) or when the batch returns: finished trials leave RUNNING at once, so a batch stopped
+    halfway hands back only the trials still running. An error of a tell (the task returned the wrong number
+    of values) is raised when the batch has returned, as before."""
+
+    def __init__(self, impl: SweeperImpl, study: optuna.Study, by_job: dict[int, Trial], beat: lv.Heartbeat,
+                 progress: st.Progress) -> None:
+        self.impl, self.study, self.by_job, self.beat, self.progress = impl, study, by_job, beat, progress
+        self.error: Exception | None = None
+
+    def __call__(self, job: int, ret: JobReturn) -> None:
+        trial = self.by_job.pop(job, None)
+        if trial is None:  # told already
+            return
+        self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
+        try:
+            self.impl._tell(self.study, trial, ret)
+        except UpdateFinishedTrialError:
+            log.warning(f"trial {trial.number} was failed by another worker as not answering (raise "
+                        "hydra.sweeper.grace_s?); its result is dropped and its retry stands for it")
+        except Exception as e:  # noqa: BLE001 - raised after the batch, not inside the launcher's loop
+            self.error = self.error or e
+        self.progress.poll()
+
+    def raise_deferred(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM to this process raises SystemExit(143) while trials run (where no run's own handler has it), so
+    the worker hands its running trials back (fails them and enqueues their retries) before it exits, as for
+    Ctrl-C, instead of dying with its trials RUNNING until a later command's reaper finds them."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class ClaimedGridSampler(optuna.samplers.GridSampler):

@@ -97,13 +97,15 @@ class Reaper:
             return f"worker {owner} stopped answering (no heartbeat for {now - last[1]:.0f} s)"
         return None
 
-    def reap(self, study: optuna.Study) -> list[str]:
-        """Fail and retry every RUNNING trial whose worker is gone; one log line each."""
+    def reap(self, study: optuna.Study, counted: bool = True) -> list[str]:
+        """Fail and retry every RUNNING trial whose worker is gone; one log line each. ``counted=False``: the
+        reap of a command starting, whose RUNNING trials of gone processes were stopped with the command that
+        ran them (a session's end, a reboot, SIGKILL), so their retries do not use up max_retries."""
         lines = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             why = self.why_dead(t)
             if why is not None:
-                lines.append(fail_and_retry(study, t, why, self.max_retries))
+                lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
                 log.warning(lines[-1])
         return lines
 
@@ -111,8 +113,9 @@ class Reaper:
 def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: int, counted: bool = True) -> str:
     """Mark `t` FAIL (interrupted) and, while it has retries left, enqueue the same parameters as a new trial
     that records `retry_of` and `retries` and keeps `t`'s Hydra job number, so it runs in `t`'s run dir.
-    ``counted=False`` (a deliberate stop: SIGTERM or SIGINT, after the run saved its checkpoint) always
-    enqueues the retry and does not use up `max_retries`, which is for workers that died."""
+    ``counted=False`` (a deliberate stop: SIGTERM or SIGINT, after the run saved its checkpoint; or a trial
+    found, when a command starts, left RUNNING by an earlier command that is gone) always enqueues the retry
+    and does not use up `max_retries`, which is for workers that die while the sweep goes on."""
     storage = study._storage
     try:
         storage.set_trial_user_attr(t._trial_id, "error", why)
@@ -130,4 +133,4 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
     )
     number = storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
     return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
-            + ("" if counted else " (a deliberate stop: not counted against hydra.sweeper.max_retries)"))
+            + ("" if counted else " (a stop of the sweep: not counted against hydra.sweeper.max_retries)"))
