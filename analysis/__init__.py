@@ -3,12 +3,12 @@
 Reads files only (the run-directory contract); never imports the trainer.
 """
 from analysis.double_descent import descent_curves, descent_summary
-from analysis.fits import curve_points, fit_learning_curve
+from analysis.fits import curve_points, fit_learning_curve, slope_difference
 from analysis.load import MissingColumnError, find_run_dirs, load_history, load_runs, load_study, require_columns
 from analysis.tables import format_table, summary_table, to_markdown, write_table
 
 __all__ = [
     "MissingColumnError", "curve_points", "descent_curves", "descent_summary", "find_run_dirs",
     "fit_learning_curve", "format_table", "load_history", "load_runs", "load_study", "require_columns",
-    "summary_table", "to_markdown", "write_table",
+    "slope_difference", "summary_table", "to_markdown", "write_table",
 ]

@@ -229,3 +229,40 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     out = out[[*by, *order, *[c for c in out.columns if c not in order and c not in by]]]
     out.attrs.update(x=x, y=y, by=by)
     return out
+
+
+def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "dataset.n_train",
+                     y: str = "test_error", seed_col: str = "seed", level: float = 0.95,
+                     status: str | None = "completed") -> dict:
+    """alpha(a) - alpha(b) for two groups of column ``by`` (e.g. two architectures), with a Welch t-interval.
+
+    Each seed with a run at every size the two groups share gives one log-log slope per group (as in
+    :func:`seed_slope_interval`); the difference of the two groups' mean slopes gets Welch's t-interval
+    (unequal variances; seeds of different groups are independent runs, never paired). A negative difference
+    whose interval excludes 0 says ``a``'s learning curve is steeper. Returns ``diff``, ``lo``, ``hi``,
+    ``p`` (two-sided), the mean slopes ``alpha_a``, ``alpha_b``, the seeds used ``n_a``, ``n_b`` and ``sizes``."""
+    require_columns(df, by, x, y, seed_col)
+    df = completed_only(df, "slope_difference", status).dropna(subset=[x, y])
+    tables = {}
+    for name in (a, b):
+        g = df[df[by] == name]
+        if g.empty:
+            raise ValueError(f"slope_difference: no completed run has {by} = {name!r}")
+        g = one_run_per_seed(g[g[y] > 0], [x], [y], f"{by}={name}", seed_col)
+        tables[name] = _seed_matrix(g, x, y, seed_col)
+    sizes = sorted(set(tables[a].columns) & set(tables[b].columns))
+    if len(sizes) < 3:
+        raise ValueError(f"slope_difference: {by} = {a!r} and {b!r} share {len(sizes)} sizes of {x} ({sizes}); "
+                         "a slope needs >= 3")
+    slopes = {}
+    for name, table in tables.items():
+        complete = table[sizes].dropna()
+        if len(complete) < 2:
+            raise ValueError(f"slope_difference: {by} = {name!r} has {len(complete)} seeds with a run at every "
+                             f"shared size {sizes}; an interval needs >= 2")
+        slopes[name] = _loglog_lines(np.log(np.asarray(sizes, float)), complete.to_numpy())[0]
+    test = stats.ttest_ind(slopes[a], slopes[b], equal_var=False)
+    ci = test.confidence_interval(level)
+    return {"diff": float(slopes[a].mean() - slopes[b].mean()), "lo": float(ci.low), "hi": float(ci.high),
+            "p": float(test.pvalue), "alpha_a": float(slopes[a].mean()), "alpha_b": float(slopes[b].mean()),
+            "n_a": len(slopes[a]), "n_b": len(slopes[b]), "sizes": sizes}

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.fits import fit_learning_curve, seed_slope_interval
+from analysis.fits import fit_learning_curve, seed_slope_interval, slope_difference
 
 STUDIES = 1000  # per scenario: the coverage estimate's standard error is about 0.7 points
 
@@ -80,3 +80,29 @@ def test_one_seed_falls_back_to_the_residual_interval():
     with pytest.warns(UserWarning, match="fewer than 2 seeds"):
         fit = fit_learning_curve(runs_frame(n, err[0]), n_boot=0).iloc[0]
     assert fit["ci_method"] == "t over size-mean residuals" and fit["alpha_lo"] <= -0.5 <= fit["alpha_hi"]
+
+
+def test_slope_difference_covers_a_planted_difference_and_finds_it():
+    """Two architectures with alphas -0.7 and -0.5 (heads_depth's depth ordering), 4 seeds, 6 sizes, 5% noise:
+    the Welch interval of alpha(a) - alpha(b) covers the planted -0.2 in about 95% of studies, and excludes 0."""
+    n, steep = simulate(300, 4, 6, 0.05, alpha=-0.7, rng=21)
+    _, flat = simulate(300, 4, 6, 0.05, alpha=-0.5, rng=22)
+    covered, found = [], []
+    for a, b in zip(steep, flat, strict=True):
+        df = pd.concat([runs_frame(n, a).assign(arch="deep"), runs_frame(n, b).assign(arch="shallow")])
+        d = slope_difference(df, "arch", "deep", "shallow")
+        assert d["lo"] < d["diff"] < d["hi"] and d["n_a"] == d["n_b"] == 4 and len(d["sizes"]) == 6
+        covered.append(d["lo"] <= -0.2 <= d["hi"])
+        found.append(d["hi"] < 0)
+    assert 0.92 <= np.mean(covered) <= 0.98, np.mean(covered)
+    assert np.mean(found) >= 0.9
+
+
+def test_slope_difference_names_a_missing_group_or_too_few_seeds():
+    n, err = simulate(1, 4, 5, 0.05)
+    df = runs_frame(n, err[0]).assign(arch="h1_d1")
+    with pytest.raises(ValueError, match="no completed run has arch = 'cnn_w10'"):
+        slope_difference(df, "arch", "h1_d1", "cnn_w10")
+    one_seed = df[df["seed"] == 0].assign(arch="cnn_w10")
+    with pytest.raises(ValueError, match="'cnn_w10' has 1 seeds with a run at every shared size"):
+        slope_difference(pd.concat([df, one_seed]), "arch", "h1_d1", "cnn_w10")
