@@ -1,0 +1,106 @@
+"""The published orderings of the learning-curve study (EPFL study 4.2), tested on heads_depth's runs.
+
+    python docs/studies/heads_depth/orderings.py /work/studies/heads_depth docs/studies/heads_depth
+
+Writes ``tables/alpha_by_arch.csv`` (alpha per architecture, 95% t-interval over per-seed slopes),
+``tables/error_by_arch.csv`` (test error per architecture and size over seeds) and ``tables/orderings.csv`` (each
+ordering: a slope difference with its Welch 95% interval, or an error comparison per size), and prints them as
+Markdown. Architectures are named as the sweep's ``arch`` presets, from the run configs (``h<heads>_d<depth>``
+for the ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering that lacks the seeds it
+needs says so instead of a number.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
+
+PUBLISHED_ALPHA = -0.53  # both basic blocks on MNIST (4.2.1, fig. 12a)
+# (name, a, b, what the paper says): slope orderings test alpha(a) - alpha(b) < 0 (a steeper)
+SLOPES = [
+    ("depth steepens the slope (fig. 14a)", "h1_d3", "h1_d1"),
+    ("the (4, 3) ViT has a better slope than the CNN (fig. 15a)", "h4_d3", "cnn_w10"),
+    ("more heads: slope (fig. 13a)", "h4_d1", "h1_d1"),
+]
+# error orderings: a below b at every size
+ERRORS = [
+    ("the CNN is below the 1x1 ViT in error (fig. 12a)", "cnn_w10", "h1_d1"),
+    ("4 heads are below 1 head in error (fig. 13a)", "h4_d1", "h1_d1"),
+]
+
+
+def arch_of(row: pd.Series) -> str:
+    if str(row["model._target_"]).endswith("ViT"):
+        return f"h{int(row['model.heads'])}_d{int(row['model.depth'])}"
+    return f"cnn_w{int(row['model.width'])}"
+
+
+def error_comparison(runs: pd.DataFrame, a: str, b: str) -> tuple[str, str]:
+    """Per shared size: mean test error of a and b (%), and whether every seed of a is below every seed of b."""
+    cells, separated = [], []
+    sizes = set(runs.loc[runs.arch == a, "dataset.n_train"]) & set(runs.loc[runs.arch == b, "dataset.n_train"])
+    for n in sorted(sizes):
+        ea = runs.loc[(runs.arch == a) & (runs["dataset.n_train"] == n), "test_error"] * 100
+        eb = runs.loc[(runs.arch == b) & (runs["dataset.n_train"] == n), "test_error"] * 100
+        cells.append(f"n {n}: {ea.mean():.1f} vs {eb.mean():.1f} ({len(ea)}, {len(eb)} seeds)")
+        separated.append(ea.max() < eb.min())
+    if not cells:
+        return "no shared size", ""
+    held = sum(separated)
+    return "; ".join(cells), f"every seed of {a} below every seed of {b} at {held} of {len(separated)} sizes"
+
+
+def main(sweep_dir: str, out_dir: str) -> None:
+    runs = load_runs(sweep_dir)
+    runs = runs[runs["status"] == "completed"].copy()
+    runs["arch"] = runs.apply(arch_of, axis=1)
+    tables = Path(out_dir) / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+
+    err = runs.groupby(["arch", "dataset.n_train"])["test_error"].agg(["mean", "std", "count"]).reset_index()
+    err[["mean", "std"]] *= 100
+    err.to_csv(tables / "error_by_arch.csv", index=False)
+    wide = err.assign(cell=[f"{m:.1f} ± {s:.1f} ({c})" if c > 1 else f"{m:.1f} (1)"
+                            for m, s, c in zip(err["mean"], err["std"].fillna(0), err["count"], strict=True)])
+    print("Test error (%), mean ± std over seeds (number of seeds):\n")
+    wide = wide.pivot(index="arch", columns="dataset.n_train", values="cell").fillna("-").reset_index()
+    print(to_markdown(wide), "\n")
+
+    fits = fit_learning_curve(runs, by="arch", n_boot=0, errors="skip")
+    fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+    cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "ci_method", "contains_published"]
+    fits[cols].to_csv(tables / "alpha_by_arch.csv", index=False)
+    print("alpha per architecture (test error ~ n^alpha; 95% t-interval over per-seed slopes):\n")
+    print(to_markdown(fits[cols].round(3)), "\n")
+
+    rows = []
+    for what, a, b in SLOPES:
+        try:
+            d = slope_difference(runs, "arch", a, b)
+        except ValueError as e:
+            rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})", "result": f"n/a: {e}", "holds": ""})
+            continue
+        holds = "yes" if d["hi"] < 0 else ("no (reversed)" if d["lo"] > 0 else "not resolved (interval spans 0)")
+        rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})",
+                     "result": f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] ({d['alpha_a']:.3f} vs "
+                               f"{d['alpha_b']:.3f}; {d['n_a']} and {d['n_b']} seeds, "
+                               f"n {d['sizes'][0]}..{d['sizes'][-1]})",
+                     "holds": holds})
+    for what, a, b in ERRORS:
+        cells, verdict = error_comparison(runs, a, b)
+        rows.append({"ordering": what, "test": f"test error of {a} vs {b} (%)", "result": cells, "holds": verdict})
+    table = pd.DataFrame(rows)
+    table.to_csv(tables / "orderings.csv", index=False)
+    print("Orderings:\n")
+    print(to_markdown(table))
+    print(f"\n{len(runs)} completed runs; architectures {sorted(runs.arch.unique())}; "
+          f"precision {runs['precision'].value_counts().to_dict()}; "
+          f"run wall time {np.sum(runs['wall_s']) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
