@@ -18,7 +18,6 @@ Other overrides redirect a study, e.g. ``dataset.root=... hydra.sweep.dir=/tmp/t
 
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -83,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     print("+ " + shlex.join(cmd), flush=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.call([sys.executable, *cmd[1:]], env=env)
+    # exec, not a child: Ctrl-C and SIGTERM reach the sweep itself, which hands its running trials back (a parent
+    # waiting in subprocess.call killed the child 0.25 s after Ctrl-C, and SIGTERM stopped only the parent)
+    os.execve(sys.executable, [sys.executable, *cmd[1:]], env)
+    return 0  # not reached
 
 
 if __name__ == "__main__":

@@ -99,3 +99,33 @@ def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same
     assert [r["epoch"] for r in rows(sweep_dir / "0")] == list(range(1, 151))
     study = optuna.load_study(study_name="stopped", storage=f"sqlite:///{sweep_dir}/optuna.db")
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
+
+
+def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(tmp_path):
+    """`python -m src.sweep` waited on the sweep as a child: SIGTERM stopped only the wrapper (the sweep trained on
+    as an orphan) and Ctrl-C killed the sweep 0.25 s later, before it could hand its trials back."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "src.sweep", "double_descent_cnn", "scale=smoke", "dataset=digits",
+           "dataset.n_train=200", "trainer.max_epochs=400", "trainer.converge_epochs=null", "trainer.progress=false",
+           "trainer.precision=fp32", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
+                 timeout=240, what="two epochs of a run")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    study = optuna.load_study(study_name="double_descent_cnn", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states, states
+    handed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert handed and all("interrupted" in t.user_attrs["error"] for t in handed), out[-3000:]
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == len(handed)
+    saved = [sweep_dir / str(t.number) for t in handed if (sweep_dir / str(t.number) / "summary.json").is_file()]
+    assert saved, "no run stopped with its records (the one training had two epochs)"
+    for run_dir in saved:  # a job stopped before its training began has no records yet
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] != "completed" and (run_dir / "checkpoint.pt").is_file(), summary

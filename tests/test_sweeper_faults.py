@@ -5,6 +5,7 @@ Trials are the tiny task in tests/sweeper_app (sleeps, no torch), so the suite t
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -218,10 +219,11 @@ def test_journal_storage_runs_two_workers(tmp_path):
     assert_each_point_once(optuna.load_study(study_name="app", storage=open_storage(url)))
 
 
-# one launcher batch of the whole grid (as the study files run it): two short trials, two long ones
+# one launcher batch of the whole grid (as the study files run it): two short trials, two long ones, which seed 3's
+# grid order puts at jobs 0 and 3 (not consecutive)
 BATCH = ["x=choice(0,1)", "epochs=choice(1,150)", "sleep_s=0.1", "hydra/sweeper/sampler=grid",
-         "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=4", "hydra/launcher=vectorized", "hydra.launcher.n_procs=4",
-         *LIVENESS]
+         "hydra.sweeper.sampler.seed=3", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=4",
+         "hydra/launcher=vectorized", "hydra.launcher.n_procs=4", *LIVENESS]
 
 
 def told_while_batch_runs(tmp_path):
@@ -245,13 +247,15 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
         proc.communicate(timeout=60)
         time.sleep(3)  # the orphaned pool workers see their parent gone within a second and stop
         proc = start(tmp_path, *BATCH)
-        wait_for(lambda: len([t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
-                              if "retry_of" in t.user_attrs]) == 2, timeout=120, what="the retries running")
+        owner = f"{socket.gethostname()}:{proc.pid}"
+        wait_for(lambda owner=owner: len([t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
+                              if t.system_attrs.get(st.WORKER_ATTR) == owner]) == 2, timeout=120,
+                 what="the retries running in the new command")
     proc.kill()
     proc.communicate(timeout=60)
     time.sleep(3)
     out = sweep(tmp_path, *BATCH)  # the same command
-    assert "Launching 2 jobs" in out.stdout + out.stderr, "the two retries did not run as one batch"
+    assert "Launching 2 jobs" in out.stdout + out.stderr, "the two retries (jobs 0 and 3) did not run as one batch"
     study = load(tmp_path)
     assert_each_point_once(study, n_points=4)
     assert sorted(t.number for t in done) == sorted(t.number for t in study.get_trials(states=(TrialState.COMPLETE,))
@@ -277,3 +281,43 @@ def test_sigterm_to_a_sweep_running_a_batch_hands_back_only_the_running_trials(t
     assert sorted(t.user_attrs["retry_of"] for t in waiting) == sorted(t.number for t in running)
     sweep(tmp_path, *BATCH)
     assert_each_point_once(load(tmp_path), n_points=4)
+
+
+def test_a_trial_claimed_without_an_owner_is_retried_instead_of_waited_for(tmp_path):
+    """A worker killed between Optuna's ask() and recording itself as the trial's owner left a RUNNING trial no
+    reaper would fail: the next command waited for it forever."""
+    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
+    study = load(tmp_path)
+    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
+    study.enqueue_trial(point)
+    orphan = study.ask()  # RUNNING, with no vitsweep:worker
+    orphan.suggest_categorical("x", [0, 1, 2])
+    run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *args, "hydra.sweeper.n_trials=3"], cwd=tmp_path, timeout=120)
+    study = load(tmp_path)
+    assert study.trials[orphan.number].state == TrialState.FAIL
+    assert sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0, 1, 2]
+
+
+def test_a_retry_left_running_on_another_host_is_retried_again_when_a_command_starts(tmp_path):
+    """A session's end is not the trial's fault: a retry that an earlier command left RUNNING (here: on another
+    host, so known dead only by its still heartbeat) runs again, though it used up max_retries=1."""
+    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
+    study = load(tmp_path)
+    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
+    study.enqueue_trial(point)
+    first = study.ask()  # the point's first run, whose worker died while a sweep went on: retried once
+    first.suggest_categorical("x", [0, 1, 2])
+    first.set_user_attr("interrupted", True)
+    study.tell(first, state=TrialState.FAIL)
+    study.enqueue_trial(point, user_attrs={"retry_of": first.number, "retries": 1})
+    foreign = study.ask()
+    foreign.suggest_categorical("x", [0, 1, 2])
+    for key, value in ((st.WORKER_ATTR, "gpu-node-7:4242"), (st.HEARTBEAT_ATTR, 1.0), (st.JOB_ATTR, foreign.number)):
+        study._storage.set_trial_system_attr(foreign._trial_id, key, value)
+    sweep(tmp_path, *args, "hydra.sweeper.n_trials=3")
+    study = load(tmp_path)
+    assert study.trials[foreign.number].state == TrialState.FAIL
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == foreign.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == point and retry.user_attrs["retries"] == 1

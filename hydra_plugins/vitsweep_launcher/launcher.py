@@ -4,9 +4,12 @@ This module is what Hydra's plugin scan imports; the pool (``pool.py``) loads on
 launches jobs through it. Keys are checked here, when Hydra builds the launcher, before any job runs.
 """
 
+import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -15,6 +18,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 STACK_MODES = ("auto", "always", "never")
+log = logging.getLogger(__name__)
 
 
 class VectorizedLauncher(Launcher):
@@ -35,6 +39,9 @@ class VectorizedLauncher(Launcher):
         # set by a sweeper that records each job's result as it ends (vitsweep's tells its trial then), rather
         # than when launch() returns the whole batch: fn(job number, JobReturn)
         self.on_job_done: Callable[[int, JobReturn], None] | None = None
+        # set by a sweeper that runs a batch under given Hydra job numbers (vitsweep's retries keep their original
+        # trials' numbers, so their run dirs, and need not be consecutive); None: initial_job_idx + i
+        self.job_numbers: list[int] | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -48,19 +55,33 @@ class VectorizedLauncher(Launcher):
             return launch(self, job_overrides, initial_job_idx)
         except BaseException:
             if self.pool is not None:  # a broken or interrupted pool is not reused
-                _stop_workers(self.pool[2])
-                self.pool[2].shutdown(cancel_futures=True)
+                _stop_pool(self.pool[2])
                 self.pool = None
             raise
 
 
-def _stop_workers(pool: Any) -> None:
-    """SIGTERM to the pool's live workers, so that a running job saves its checkpoint and stops now (a run's
-    handler, `trainer.resume`) instead of training on while shutdown() waits for it: the launching process was
-    interrupted (SIGTERM, Ctrl-C at it alone) or failed. ProcessPoolExecutor has no public list of its workers."""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        if proc.is_alive():
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+STOP_GRACE_S = 60.0  # seconds a stopped pool's workers get to save their runs and exit before SIGKILL
+
+
+def _stop_pool(pool: Any, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the pool of an interrupted (SIGTERM, Ctrl-C) or failed launch: SIGTERM to its live workers, so that
+    a running job saves its checkpoint and stops after its step (a run's handler, `trainer.resume`) instead of
+    training on; then wait for them to exit, and SIGKILL those still alive after `grace_s` (measured: a worker
+    whose job stopped could block for ever sending its result while the executor, broken by another worker's
+    exit, joined it; its checkpoint was written long before). ProcessPoolExecutor has no public list of its
+    workers, hence `_processes`."""
+    procs = [p for p in list((getattr(pool, "_processes", None) or {}).values()) if p.is_alive()]
+    for proc in procs:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    pending = {proc.sentinel: proc for proc in procs}  # ready once the process ends, whichever thread reaps it
+    deadline = time.monotonic() + grace_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for sentinel in mp_wait(list(pending), timeout=left):
+            pending.pop(sentinel)
+    for proc in pending.values():
+        log.warning(f"launcher worker pid {proc.pid} did not exit {grace_s:.0f} s after SIGTERM: killed")
+        proc.kill()

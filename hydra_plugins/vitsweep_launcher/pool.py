@@ -35,11 +35,15 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     sweep_dir = Path(str(config.hydra.sweep.dir))
     log_dir = sweep_dir / ".launcher"
     log_dir.mkdir(parents=True, exist_ok=True)
+    numbers = list(getattr(launcher, "job_numbers", None)
+                   or range(initial_job_idx, initial_job_idx + len(job_overrides)))
+    if len(numbers) != len(job_overrides) or len(set(numbers)) != len(numbers):
+        raise ValueError(f"vectorized launcher: job_numbers {numbers} must be {len(job_overrides)} distinct numbers")
     configs = []
-    for i, overrides in enumerate(job_overrides):
+    for num, overrides in zip(numbers, job_overrides, strict=True):
         cfg = launcher.hydra_context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(cfg):
-            cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
+            cfg.hydra.job.id = cfg.hydra.job.num = num
         configs.append(cfg)
     gpus = _visible_gpus(configs[0])
     units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
@@ -62,7 +66,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
         _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True)
-    return [results[initial_job_idx + i] for i in range(len(configs))]
+    return [results[num] for num in numbers]
 
 
 def _drop(launcher: Any) -> None:

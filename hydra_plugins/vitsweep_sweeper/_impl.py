@@ -263,7 +263,7 @@ class SweeperImpl:
         self.reaper = lv.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
             with sto.claim_lock(self.url, self.storage, study._study_id):  # an earlier command's trials: resumed
-                reaped = self.reaper.reap(study, counted=False)
+                reaped = self.reaper.start(study)
             log.info(
                 f"Study {self.name!r} in {sto.safe(self.url)}: sampler {type(study.sampler).__name__}, pruner "
                 f"{type(self.pruner).__name__}, directions {self.directions}, budget {self.budget} trials, "
@@ -295,58 +295,70 @@ class SweeperImpl:
     def _work(self, study: optuna.Study, progress: st.Progress) -> None:
         """Claim, launch and tell trials until the budget is used and no other worker's trial is running."""
         poll_s = max(0.2, min(self.heartbeat_s, 1.0))
-        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat, _sigterm_raises():
+        stop = _StopSignal()
+        numbered = hasattr(self.launcher, "job_numbers")  # a launcher that runs a batch under given job numbers
+        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat, stop.installed():
             while not self._check_failures(study, final=False):
+                stop.check()
                 with sto.claim_lock(self.url, self.storage, study._study_id):
                     self.reaper.reap(study)
-                    claim = self._claim(study)
+                    claim = self._claim(study, numbered)
                     if claim is None:
                         return
-                    trials, job = claim
+                    trials, jobs = claim
                     overrides = [self._configure(t) for t in trials]
                 if not trials:  # the budget is claimed, other workers' trials run: wait, one of them may die
                     time.sleep(poll_s)
                     progress.poll()
                     continue
                 beat.trial_ids = [t._trial_id for t in trials]
-                told = _Teller(self, study, dict(enumerate(trials, job)), beat, progress)
+                told = _Teller(self, study, dict(zip(jobs, trials, strict=True)), beat, progress, stop)
+                if numbered:
+                    self.launcher.job_numbers = jobs
                 if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
                     self.launcher.on_job_done = told
                 try:
-                    returns = self.launcher.launch(overrides, initial_job_idx=job)
+                    with stop.armed():  # a SIGTERM noted while claiming hands these trials back, too
+                        returns = self.launcher.launch(overrides, initial_job_idx=jobs[0])
                 except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
                     self._hand_back(study, trials, e)
                     raise
                 finally:
+                    if numbered:
+                        self.launcher.job_numbers = None
                     if hasattr(self.launcher, "on_job_done"):
                         self.launcher.on_job_done = None
-                for i, ret in enumerate(returns):
-                    told(job + i, ret)  # what the launcher did not report as it went
+                for j, ret in zip(jobs, returns, strict=True):
+                    told(j, ret)  # what the launcher did not report as it went
                 told.raise_deferred()
                 beat.trial_ids = []
 
     def _hand_back(self, study: optuna.Study, trials: list[Trial], e: BaseException) -> None:
         """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
-        has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one)."""
+        has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one). A second
+        Ctrl-C or SIGTERM meanwhile is ignored, so it cannot leave a trial failed without its retry."""
         why = f"worker {lv.owner_id()} stopped answering (interrupted: {type(e).__name__} {e})"
-        with sto.claim_lock(self.url, self.storage, study._study_id):
+        with _signals_ignored(), sto.claim_lock(self.url, self.storage, study._study_id):
             for t in trials:
                 frozen = self.storage.get_trial(t._trial_id)
                 if frozen.state == TrialState.RUNNING:
                     log.warning(lv.fail_and_retry(study, frozen, why, self.max_retries, counted=False))
 
-    def _claim(self, study: optuna.Study) -> tuple | None:
-        """(trials, first job number) to run now; ([], 0) to wait for others' running trials; None when done.
-        Waiting retries go first, each under its original's job number (so it runs in that run dir): as many
-        as `n_jobs` in one batch while their job numbers run on consecutively (a launcher numbers a batch's jobs
-        from its first), as after a stopped batch, whose trials' retries are enqueued in job order."""
+    def _claim(self, study: optuna.Study, numbered: bool = False) -> tuple | None:
+        """(trials, their job numbers) to run now; ([], []) to wait for others' running trials; None when done.
+        Waiting trials (retries) go first, each under its original's job number (so it runs in that run dir): as
+        many as `n_jobs` in one batch with a launcher that takes the batch's job numbers (`numbered`), else as
+        many as have consecutive job numbers (a launcher numbers a batch's jobs on from the first)."""
         trials = study.get_trials(deepcopy=False)
         waiting = [t for t in trials if t.state == TrialState.WAITING]  # in trial number order, as ask() takes them
         counted = st.budget_trials(trials)
-        n = _consecutive_jobs(waiting, self.n_jobs) if waiting else min(self.n_jobs, self.budget - len(counted))
+        if waiting:
+            n = min(len(waiting), self.n_jobs) if numbered else _consecutive_jobs(waiting, self.n_jobs)
+        else:
+            n = min(self.n_jobs, self.budget - len(counted))
         if n <= 0:
             running = any(t.state == TrialState.RUNNING for t in trials)
-            return ([], 0) if running else None
+            return ([], []) if running else None
         if not waiting and self.grid is not None:
             taken = {st.point_key(st.params_of(t), self.grid) for t in counted}
             free = [p for p in self.points if st.point_key(p, self.grid) not in taken]
@@ -354,12 +366,13 @@ class SweeperImpl:
                 study.enqueue_trial(point)
         asked = [study.ask() for _ in range(n)]
         owner = lv.owner_id()
+        jobs = []
         for t in asked:
             job = self.storage.get_trial_system_attrs(t._trial_id).get(st.JOB_ATTR, t.number)
             for key, value in ((st.WORKER_ATTR, owner), (st.HEARTBEAT_ATTR, time.time()), (st.JOB_ATTR, job)):
                 self.storage.set_trial_system_attr(t._trial_id, key, value)
-        first = self.storage.get_trial_system_attrs(asked[0]._trial_id)[st.JOB_ATTR]
-        return asked, first
+            jobs.append(job)
+        return asked, jobs
 
     def _configure(self, trial: Trial) -> list[str]:
         for name, dist in self.space.items():
@@ -533,50 +546,111 @@ class _Teller:
     """Tells each trial of a launched batch its result once, as its job ends (with a launcher that reports
     jobs as they end) or when the batch returns: finished trials leave RUNNING at once, so a batch stopped
     halfway hands back only the trials still running. An error of a tell (the task returned the wrong number
-    of values) is raised when the batch has returned, as before."""
+    of values, a storage error) is raised when the batch has returned, not inside the launcher's loop; the
+    trial keeps its heartbeat until its tell succeeds."""
 
     def __init__(self, impl: SweeperImpl, study: optuna.Study, by_job: dict[int, Trial], beat: lv.Heartbeat,
-                 progress: st.Progress) -> None:
-        self.impl, self.study, self.by_job, self.beat, self.progress = impl, study, by_job, beat, progress
+                 progress: st.Progress, stop: "_StopSignal") -> None:
+        self.impl, self.study, self.by_job, self.beat = impl, study, by_job, beat
+        self.progress, self.stop = progress, stop
         self.error: Exception | None = None
 
     def __call__(self, job: int, ret: JobReturn) -> None:
         trial = self.by_job.pop(job, None)
         if trial is None:  # told already
             return
-        self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
-        try:
-            self.impl._tell(self.study, trial, ret)
-        except UpdateFinishedTrialError:
-            log.warning(f"trial {trial.number} was failed by another worker as not answering (raise "
-                        "hydra.sweeper.grace_s?); its result is dropped and its retry stands for it")
-        except Exception as e:  # noqa: BLE001 - raised after the batch, not inside the launcher's loop
-            self.error = self.error or e
-        self.progress.poll()
+        with self.stop.deferred():  # a SIGTERM waits until this trial is told
+            lost = ("trial {} was failed by another worker as not answering (raise hydra.sweeper.grace_s?); its "
+                    "result is dropped and its retry stands for it")
+            try:
+                if self.impl.storage.get_trial(trial._trial_id).state.is_finished():
+                    log.warning(lost.format(trial.number))
+                else:
+                    self.impl._tell(self.study, trial, ret)
+            except UpdateFinishedTrialError:
+                log.warning(lost.format(trial.number))
+            except Exception as e:  # noqa: BLE001 - raised after the batch
+                self.error = self.error or e
+            finally:
+                if self.impl.storage.get_trial(trial._trial_id).state.is_finished():
+                    self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
+            try:
+                self.progress.poll()
+            except Exception as e:  # noqa: BLE001 - the progress line only
+                log.debug(f"progress: {e}")
 
     def raise_deferred(self) -> None:
         if self.error is not None:
             raise self.error
 
 
+class _StopSignal:
+    """SIGTERM to a worker running trials (where no run's own handler has it: the trainer's, in-process) stops
+    it as Ctrl-C does, so it hands its running trials back (fails them, enqueues their retries) before it
+    exits, instead of dying with them RUNNING. The first SIGTERM counts, later ones are ignored. While the
+    launcher runs a batch (`armed`) it raises SystemExit(143) at once; elsewhere (claiming, telling a
+    trial: `deferred`) it is noted, and raised at the next safe point."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._armed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if self._armed:
+            self._armed = False
+            raise SystemExit(128 + signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["_StopSignal"]:
+        if threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            yield self
+            return
+        signal.signal(signal.SIGTERM, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        self.check()
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        was, self._armed = self._armed, False
+        try:
+            yield
+        finally:
+            self._armed = was
+        if was:
+            self.check()
+
+
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM to this process raises SystemExit(143) while trials run (where no run's own handler has it), so
-    the worker hands its running trials back (fails them and enqueues their retries) before it exits, as for
-    Ctrl-C, instead of dying with its trials RUNNING until a later command's reaper finds them."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside (main thread only): writes that must not be cut halfway."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 class ClaimedGridSampler(optuna.samplers.GridSampler):

@@ -19,7 +19,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from ._study import HEARTBEAT_ATTR, JOB_ATTR, WORKER_ATTR, params_of
+from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "VITSWEEP_PARENT_PID"  # set for worker processes: the sweep's main process
@@ -81,10 +81,14 @@ class Reaper:
         self.grace_s, self.max_retries, self.me = grace_s, max_retries, owner_id()
         self.seen: dict[int, tuple[Any, float]] = {}  # trial id -> (heartbeat value, when first seen here)
 
-    def why_dead(self, t: FrozenTrial) -> str | None:
+    def why_dead(self, t: FrozenTrial, starting: bool = False) -> str | None:
+        """Why `t` (RUNNING) has no live worker, or None. Call it under the claim lock: a trial is claimed and
+        given its owner under that lock, so one without an owner belongs to a claimer that stopped in between."""
         owner = str(t.system_attrs.get(WORKER_ATTR, ""))
-        if owner == self.me or not owner:
-            return None
+        if not owner:
+            return "claimed by a worker that stopped before it recorded itself (no owner)"
+        if owner == self.me:  # a process that is only starting holds no trial: its pid was reused
+            return f"worker {owner} stopped answering (its process is gone)" if starting else None
         host, _, pid = owner.rpartition(":")
         if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
             return f"worker {owner} stopped answering (its process is gone)"
@@ -97,14 +101,29 @@ class Reaper:
             return f"worker {owner} stopped answering (no heartbeat for {now - last[1]:.0f} s)"
         return None
 
-    def reap(self, study: optuna.Study, counted: bool = True) -> list[str]:
-        """Fail and retry every RUNNING trial whose worker is gone; one log line each. ``counted=False``: the
-        reap of a command starting, whose RUNNING trials of gone processes were stopped with the command that
-        ran them (a session's end, a reboot, SIGKILL), so their retries do not use up max_retries."""
+    def start(self, study: optuna.Study) -> list[str]:
+        """At a command's start (under the claim lock): the trials an earlier command left RUNNING. Those whose
+        process is gone are failed and retried now; the others (another host's, known dead only once their
+        heartbeat has been still for grace_s) are marked, so that whoever reaps them later retries them without
+        using up max_retries too. A command's end (a session's end, a reboot, SIGKILL) is not a trial's fault."""
+        lines = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            why = self.why_dead(t, starting=True)
+            if why is None:
+                study._storage.set_trial_system_attr(t._trial_id, RESUMED_ATTR, True)
+                continue
+            lines.append(fail_and_retry(study, t, why, self.max_retries, counted=False))
+            log.warning(lines[-1])
+        return lines
+
+    def reap(self, study: optuna.Study) -> list[str]:
+        """Fail and retry every RUNNING trial whose worker is gone; one log line each. A death counts against
+        max_retries unless the trial was RUNNING when a command started (`start`)."""
         lines = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             why = self.why_dead(t)
             if why is not None:
+                counted = not t.system_attrs.get(RESUMED_ATTR)
                 lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
                 log.warning(lines[-1])
         return lines

@@ -19,6 +19,7 @@ PRUNER_ATTR = "vitsweep:pruner"  # study system attr: the pruner config, read by
 GRID_SEED_ATTR = "vitsweep:grid_seed"  # study system attr: the seed of the grid order, one per study
 WORKER_ATTR = "vitsweep:worker"  # trial system attr: "host:pid" of the process running it
 HEARTBEAT_ATTR = "vitsweep:heartbeat"  # trial system attr: a counter its worker bumps every heartbeat_s
+RESUMED_ATTR = "vitsweep:resumed"  # trial system attr: RUNNING when a command started (its retry is not counted)
 JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
 RECIPE_ATTR = "vitsweep:recipe"  # study system attr: the job config all its trials share (flattened), for resumes
 
