@@ -4,9 +4,10 @@
 
 Writes ``tables/alpha_by_arch.csv`` (alpha per architecture, 95% t-interval over per-seed slopes),
 ``tables/error_by_arch.csv`` (test error per architecture and size over seeds) and ``tables/orderings.csv`` (each
-ordering: a slope difference with its Welch 95% interval, or an error comparison per size), and prints them as
-Markdown. Architectures are named as the sweep's ``arch`` presets, from the run configs (``h<heads>_d<depth>``
-for the ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering that lacks the seeds it
+ordering: a slope difference with its Welch 95% interval, or an error comparison per size, on the runs that did
+not stall at chance), and prints them as Markdown. alpha is given with and without the stalled runs.
+Architectures are named as the sweep's ``arch`` presets, from the run configs (``h<heads>_d<depth>`` for the
+ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering that lacks the seeds it
 needs says so instead of a number.
 """
 import sys
@@ -68,12 +69,23 @@ def main(sweep_dir: str, out_dir: str) -> None:
     wide = wide.pivot(index="arch", columns="dataset.n_train", values="cell").fillna("-").reset_index()
     print(to_markdown(wide), "\n")
 
-    fits = fit_learning_curve(runs, by="arch", n_boot=0, errors="skip")
-    fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+    stalled = runs["stalled"].astype(bool)
+    if stalled.any():
+        print("Stalled runs (train error at chance when the stop rule fired; results, shown both ways below):\n")
+        print(to_markdown(runs.loc[stalled, ["arch", "dataset.n_train", "seed", "epochs", "train_error",
+                                             "test_error", "best_test_error"]]), "\n")
     cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "ci_method", "contains_published"]
-    fits[cols].to_csv(tables / "alpha_by_arch.csv", index=False)
+    frames = []
+    for runs_used, which in ((runs, "all completed runs"), (runs[~stalled], "without stalled runs")):
+        fits = fit_learning_curve(runs_used, by="arch", n_boot=0, errors="skip")
+        fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+        frames.append(fits[cols].assign(runs=which))
+    fits = pd.concat(frames, ignore_index=True)
+    fits.to_csv(tables / "alpha_by_arch.csv", index=False)
     print("alpha per architecture (test error ~ n^alpha; 95% t-interval over per-seed slopes):\n")
-    print(to_markdown(fits[cols].round(3)), "\n")
+    print(to_markdown(fits.round(3)), "\n")
+    runs = runs[~stalled]  # the orderings below: without stalled runs (a run that never left chance is no point
+    # on a learning curve; the table above shows what they change)
 
     rows = []
     for what, a, b in SLOPES:
