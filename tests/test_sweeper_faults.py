@@ -148,17 +148,31 @@ def test_failures_beyond_the_rate_stop_the_study_and_name_the_key(tmp_path):
     assert proc.returncode != 0 and "hydra.sweeper.max_failure_rate=0.1" in proc.stderr
 
 
-def test_a_silent_worker_on_another_host_is_failed_and_its_trial_retried(tmp_path):
-    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
-    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
+ONE_OF_THREE = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
+
+
+def first_point_run(tmp_path):
+    """The study after one of its three points ran, and a point it has not run."""
+    sweep(tmp_path, *ONE_OF_THREE, "hydra.sweeper.n_trials=1")
     study = load(tmp_path)
-    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
-    study.enqueue_trial(point)
-    foreign = study.ask()
-    foreign.suggest_categorical("x", [0, 1, 2])
-    for key, value in ((st.WORKER_ATTR, "gpu-node-7:4242"), (st.HEARTBEAT_ATTR, 1.0), (st.JOB_ATTR, foreign.number)):
-        study._storage.set_trial_system_attr(foreign._trial_id, key, value)
-    sweep(tmp_path, *args, "hydra.sweeper.n_trials=3")
+    return study, next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
+
+
+def claimed(study, point, owner=None, user_attrs=None):
+    """A RUNNING trial of `point` as another process left it: owned by `owner`, or (None) claimed without one."""
+    study.enqueue_trial(point, user_attrs=user_attrs)
+    trial = study.ask()
+    trial.suggest_categorical("x", [0, 1, 2])
+    if owner is not None:
+        for key, value in ((st.WORKER_ATTR, owner), (st.HEARTBEAT_ATTR, 1.0), (st.JOB_ATTR, trial.number)):
+            study._storage.set_trial_system_attr(trial._trial_id, key, value)
+    return trial
+
+
+def test_a_silent_worker_on_another_host_is_failed_and_its_trial_retried(tmp_path):
+    study, point = first_point_run(tmp_path)
+    foreign = claimed(study, point, "gpu-node-7:4242")
+    sweep(tmp_path, *ONE_OF_THREE, "hydra.sweeper.n_trials=3")
     study = load(tmp_path)
     dead = study.trials[foreign.number]
     assert dead.state == TrialState.FAIL
@@ -286,14 +300,10 @@ def test_sigterm_to_a_sweep_running_a_batch_hands_back_only_the_running_trials(t
 def test_a_trial_claimed_without_an_owner_is_retried_instead_of_waited_for(tmp_path):
     """A worker killed between Optuna's ask() and recording itself as the trial's owner left a RUNNING trial no
     reaper would fail: the next command waited for it forever."""
-    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
-    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
-    study = load(tmp_path)
-    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
-    study.enqueue_trial(point)
-    orphan = study.ask()  # RUNNING, with no vitsweep:worker
-    orphan.suggest_categorical("x", [0, 1, 2])
-    run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *args, "hydra.sweeper.n_trials=3"], cwd=tmp_path, timeout=120)
+    study, point = first_point_run(tmp_path)
+    orphan = claimed(study, point)  # RUNNING, with no vitsweep:worker
+    run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *ONE_OF_THREE, "hydra.sweeper.n_trials=3"], cwd=tmp_path,
+        timeout=120)
     study = load(tmp_path)
     assert study.trials[orphan.number].state == TrialState.FAIL
     assert sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0, 1, 2]
@@ -302,21 +312,12 @@ def test_a_trial_claimed_without_an_owner_is_retried_instead_of_waited_for(tmp_p
 def test_a_retry_left_running_on_another_host_is_retried_again_when_a_command_starts(tmp_path):
     """A session's end is not the trial's fault: a retry that an earlier command left RUNNING (here: on another
     host, so known dead only by its still heartbeat) runs again, though it used up max_retries=1."""
-    args = ["x=choice(0,1,2)", "hydra/sweeper/sampler=grid", *LIVENESS]
-    sweep(tmp_path, *args, "hydra.sweeper.n_trials=1")
-    study = load(tmp_path)
-    point = next(p for p in ({"x": 0}, {"x": 1}, {"x": 2}) if p["x"] != study.trials[0].params["x"])
-    study.enqueue_trial(point)
-    first = study.ask()  # the point's first run, whose worker died while a sweep went on: retried once
-    first.suggest_categorical("x", [0, 1, 2])
+    study, point = first_point_run(tmp_path)
+    first = claimed(study, point)  # the point's first run, whose worker died while a sweep went on: retried once
     first.set_user_attr("interrupted", True)
     study.tell(first, state=TrialState.FAIL)
-    study.enqueue_trial(point, user_attrs={"retry_of": first.number, "retries": 1})
-    foreign = study.ask()
-    foreign.suggest_categorical("x", [0, 1, 2])
-    for key, value in ((st.WORKER_ATTR, "gpu-node-7:4242"), (st.HEARTBEAT_ATTR, 1.0), (st.JOB_ATTR, foreign.number)):
-        study._storage.set_trial_system_attr(foreign._trial_id, key, value)
-    sweep(tmp_path, *args, "hydra.sweeper.n_trials=3")
+    foreign = claimed(study, point, "gpu-node-7:4242", user_attrs={"retry_of": first.number, "retries": 1})
+    sweep(tmp_path, *ONE_OF_THREE, "hydra.sweeper.n_trials=3")
     study = load(tmp_path)
     assert study.trials[foreign.number].state == TrialState.FAIL
     (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == foreign.number]
