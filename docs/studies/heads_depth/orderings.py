@@ -70,6 +70,7 @@ def main(sweep_dir: str, out_dir: str) -> None:
     print(to_markdown(wide), "\n")
 
     stalled = runs["stalled"].astype(bool)
+    n_runs = len(runs)
     if stalled.any():
         print("Stalled runs (train error at chance when the stop rule fired; results, shown both ways below):\n")
         print(to_markdown(runs.loc[stalled, ["arch", "dataset.n_train", "seed", "epochs", "train_error",
@@ -107,9 +108,9 @@ def main(sweep_dir: str, out_dir: str) -> None:
     table.to_csv(tables / "orderings.csv", index=False)
     print("Orderings:\n")
     print(to_markdown(table))
-    print(f"\n{len(runs)} completed runs; architectures {sorted(runs.arch.unique())}; "
+    print(f"\n{n_runs} completed runs ({int(stalled.sum())} stalled); architectures {sorted(runs.arch.unique())}; "
           f"precision {runs['precision'].value_counts().to_dict()}; "
-          f"run wall time {np.sum(runs['wall_s']) / 60:.1f} min")
+          f"run wall time of the runs that left chance {np.sum(runs['wall_s']) / 60:.1f} min")
 
 
 if __name__ == "__main__":
