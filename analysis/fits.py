@@ -106,6 +106,17 @@ def _seed_matrix(g: pd.DataFrame, x: str, y: str, seed_col: str | None) -> pd.Da
                         ).pivot_table(index="seed", columns=x, values="logy", aggfunc="mean").sort_index(axis=1)
 
 
+def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str) -> pd.DataFrame:
+    """One group's (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds averaged."""
+    nonpos = g[g[y] <= 0]
+    if len(nonpos):
+        warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=3)
+        g = g[g[y] > 0]
+    if seed_col is not None:
+        g = one_run_per_seed(g, [x], [y], label, seed_col)
+    return _seed_matrix(g, x, y, seed_col)
+
+
 def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd.DataFrame, label: str) -> dict:
     logx = np.log(sizes)
     complete = table.dropna()
@@ -206,13 +217,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(by, key, strict=True)) or "all runs"
-        nonpos = g[g[y] <= 0]
-        if len(nonpos):
-            warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=2)
-            g = g[g[y] > 0]
-        if seed_col is not None:
-            g = one_run_per_seed(g, [x], [y], label, seed_col)
-        table = _seed_matrix(g, x, y, seed_col)
+        table = _group_table(g, x, y, seed_col, label)
         if table.shape[1] < 3:
             msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
                    f"got {table.shape[1]} ({table.columns.tolist()})")
@@ -248,8 +253,7 @@ def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "
         g = df[df[by] == name]
         if g.empty:
             raise ValueError(f"slope_difference: no completed run has {by} = {name!r}")
-        g = one_run_per_seed(g[g[y] > 0], [x], [y], f"{by}={name}", seed_col)
-        tables[name] = _seed_matrix(g, x, y, seed_col)
+        tables[name] = _group_table(g, x, y, seed_col, f"{by}={name}")
     sizes = sorted(set(tables[a].columns) & set(tables[b].columns))
     if len(sizes) < 3:
         raise ValueError(f"slope_difference: {by} = {a!r} and {b!r} share {len(sizes)} sizes of {x} ({sizes}); "
