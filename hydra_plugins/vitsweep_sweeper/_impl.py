@@ -569,11 +569,10 @@ class _Teller:
                     self.impl._tell(self.study, trial, ret)
             except UpdateFinishedTrialError:
                 log.warning(lost.format(trial.number))
-            except Exception as e:  # noqa: BLE001 - raised after the batch
+            except Exception as e:  # noqa: BLE001 - raised after the batch; the trial keeps its heartbeat till then
                 self.error = self.error or e
-            finally:
-                if self.impl.storage.get_trial(trial._trial_id).state.is_finished():
-                    self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
+                return
+            self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
             try:
                 self.progress.poll()
             except Exception as e:  # noqa: BLE001 - the progress line only
