@@ -263,7 +263,7 @@ class SweeperImpl:
         self.reaper = lv.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
             with sto.claim_lock(self.url, self.storage, study._study_id):  # an earlier command's trials: resumed
-                reaped = self.reaper.start(study)
+                reaped = self.reaper.reap(study, starting=True)
             log.info(
                 f"Study {self.name!r} in {sto.safe(self.url)}: sampler {type(study.sampler).__name__}, pruner "
                 f"{type(self.pruner).__name__}, directions {self.directions}, budget {self.budget} trials, "

@@ -101,31 +101,23 @@ class Reaper:
             return f"worker {owner} stopped answering (no heartbeat for {now - last[1]:.0f} s)"
         return None
 
-    def start(self, study: optuna.Study) -> list[str]:
-        """At a command's start (under the claim lock): the trials an earlier command left RUNNING. Those whose
-        process is gone are failed and retried now; the others (another host's, known dead only once their
-        heartbeat has been still for grace_s) are marked, so that whoever reaps them later retries them without
-        using up max_retries too. A command's end (a session's end, a reboot, SIGKILL) is not a trial's fault."""
-        lines = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            why = self.why_dead(t, starting=True)
-            if why is None:
-                study._storage.set_trial_system_attr(t._trial_id, RESUMED_ATTR, True)
-                continue
-            lines.append(fail_and_retry(study, t, why, self.max_retries, counted=False))
-            log.warning(lines[-1])
-        return lines
-
-    def reap(self, study: optuna.Study) -> list[str]:
+    def reap(self, study: optuna.Study, starting: bool = False) -> list[str]:
         """Fail and retry every RUNNING trial whose worker is gone; one log line each. A death counts against
-        max_retries unless the trial was RUNNING when a command started (`start`)."""
+        max_retries unless the trial was RUNNING when a command started. ``starting`` (a command's start):
+        the trials an earlier command left RUNNING are failed and retried without counting when their process
+        is gone, and the others (another host's, known dead only once their heartbeat has been still for
+        grace_s) are marked, so that whoever reaps them later does not count them either. A command's end (a
+        session's end, a reboot, SIGKILL) is not a trial's fault."""
         lines = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            why = self.why_dead(t)
-            if why is not None:
-                counted = not t.system_attrs.get(RESUMED_ATTR)
-                lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
-                log.warning(lines[-1])
+            why = self.why_dead(t, starting)
+            if why is None:
+                if starting:
+                    study._storage.set_trial_system_attr(t._trial_id, RESUMED_ATTR, True)
+                continue
+            counted = not starting and not t.system_attrs.get(RESUMED_ATTR)
+            lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
+            log.warning(lines[-1])
         return lines
 
 
