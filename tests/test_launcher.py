@@ -190,3 +190,47 @@ def test_killing_the_launching_process_stops_its_workers_after_they_save(tmp_pat
         summary = json.loads((tmp_path / str(k) / "summary.json").read_text())
         assert summary["stop_reason"] == "interrupted" and summary["epochs"] < 100000, summary
     assert "is gone: stopping this worker" in log.read_text()
+
+
+@pytest.mark.faults
+def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
+    """Found by CI (2026-11-25): a pool worker still starting (spawn: importing) when its launching process was
+    killed took the process it was re-parented to for its parent, so it never saw its parent gone and lived on
+    as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever)."""
+    import os
+    import signal
+    import uuid
+
+    from tests.test_sweeper_faults import gone, wait_for
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("finds the orphaned worker through /proc (Linux)")
+    mark = uuid.uuid4().hex
+    code = ("import os, types\n"
+            "from hydra_plugins.vitsweep_launcher import pool\n"
+            "launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)\n"
+            f"ex = pool._pool(launcher, 1, 1, [], {str(tmp_path)!r})\n"
+            "ex.submit(os.getpid)\n"  # spawns the worker; the launching process dies before it is up
+            "os._exit(9)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark}
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL)
+
+    def marked() -> list[int]:
+        pids = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and f"VITSWEEP_TEST_MARK={mark}".encode() in open(f"/proc/{entry}/environ",
+                                                                                      "rb").read():
+                    pids.append(int(entry))
+            except OSError:
+                pass
+        return pids
+
+    workers = marked()
+    assert workers, "the launching process died before it started a worker"
+    try:
+        wait_for(lambda: all(gone(p) for p in workers), timeout=30, what="the orphaned worker to stop")
+    finally:
+        for p in workers:
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)

@@ -90,7 +90,8 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
         slots.put(k)
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
-                               initargs=(slots, payload, threads, gpus, log_dir, -(-n_procs // max(1, len(gpus)))))
+                               initargs=(os.getpid(), slots, payload, threads, gpus, log_dir,
+                                         -(-n_procs // max(1, len(gpus)))))
     launcher.pool = (key, n_procs, pool)
     return pool
 
@@ -176,7 +177,9 @@ def _task_cfg(cfg: DictConfig) -> dict:
 def _watch_parent(parent: int) -> None:
     """SIGTERM to this worker once the launching process is gone (killed, even with SIGKILL): a running
     job then writes its checkpoint and ``interrupted`` summary and stops, instead of training on as an
-    orphan that a rerun of the same command would race for the same run dir."""
+    orphan that a rerun of the same command would race for the same run dir. ``parent`` is the launching
+    process's pid as it gave it: a worker still starting when that process died has been re-parented already,
+    so its own ``os.getppid()`` would name the new parent and never change."""
     while os.getppid() == parent:
         time.sleep(1.0)
     print(f"the launching process {parent} is gone: stopping this worker", flush=True)
@@ -186,8 +189,9 @@ def _watch_parent(parent: int) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def _init_worker(slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str, share: int) -> None:
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="vitsweep-parent-watch", daemon=True).start()
+def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str,
+                 share: int) -> None:
+    threading.Thread(target=_watch_parent, args=(parent,), name="vitsweep-parent-watch", daemon=True).start()
     slot = slots.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]

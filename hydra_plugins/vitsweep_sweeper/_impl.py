@@ -301,6 +301,9 @@ class SweeperImpl:
             while not self._check_failures(study, final=False):
                 stop.check()
                 with sto.claim_lock(self.url, self.storage, study._study_id):
+                    if beat.orphaned():  # not only within a heartbeat: a retry handed back now would be claimed
+                        log.error("the main sweep process is gone; this worker claims no more trials")
+                        raise SystemExit(128 + signal.SIGTERM)
                     self.reaper.reap(study)
                     claim = self._claim(study, numbered)
                     if claim is None:

@@ -48,10 +48,14 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def orphaned(self) -> bool:
+        """True in a worker process whose main sweep process is gone."""
+        return bool(self.parent) and os.getppid() != self.parent
+
     def _run(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
         while not self._stop.wait(min(1.0, self.heartbeat_s)):
-            if self.parent and os.getppid() != self.parent:
+            if self.orphaned():
                 log.error(f"the main sweep process {self.parent} is gone; stopping this worker")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
