@@ -223,13 +223,24 @@ class SweeperImpl:
                 self.storage.set_study_system_attr(study._study_id, st.RECIPE_ATTR, self._recipe())
         return study
 
-    def _recipe(self, trials: list | None = None) -> dict[str, Any]:
-        """The job config every trial shares, flattened: without the keys a trial samples (its params, the keys its
-        presets set, and those of the study's trials so far, custom_search_space's included)."""
+    def _recipe(self, trials: list | None = None, version: int = st.RECIPE_VERSION) -> dict[str, Any]:
+        """The job config the trials share, flattened, without the keys a trial samples (its params and those of the
+        study's trials so far, custom_search_space's included), plus the presets' own overrides. A key that only some
+        choices of a preset set stays in: the other choices' trials take it from the config. Version 1 (studies
+        recorded before 2026-11-25) left out every key any preset set, so a changed base value of such a key (e.g.
+        heads_depth's optimizer.lr, which only the CNN preset sets) went unnoticed; such a study keeps that check."""
         sampled = set(self.space) | _trial_keys(trials or [])
-        for table in (self.presets or {}).values():
-            sampled |= {o.split("=", 1)[0] for overrides in table.values() for o in overrides}
-        return _without(_flat(OmegaConf.to_container(self.job_config, resolve=False)), sampled)
+        presets: dict[str, Any] = {}
+        for key, table in (self.presets or {}).items():
+            per_choice = [{o.split("=", 1)[0] for o in overrides} for overrides in table.values()]
+            if version == 1:
+                sampled |= set().union(*per_choice)
+                continue
+            sampled |= set.intersection(*per_choice) if per_choice else set()
+            presets.update({f"{PRESETS_KEY}{key}.{choice}": [str(o) for o in overrides]
+                            for choice, overrides in table.items()})
+        recipe = _without(_flat(OmegaConf.to_container(self.job_config, resolve=False)), sampled)
+        return recipe if version == 1 else {**recipe, **presets, st.RECIPE_VERSION_KEY: version}
 
     def _check_recipe(self, study_id: int) -> None:
         """A named study resumes only with the recipe it was started with: a changed key fails before any trial."""
@@ -237,7 +248,8 @@ class SweeperImpl:
         if saved is None:  # a study started before the recipe was recorded
             return
         trials = self.storage.get_all_trials(study_id, deepcopy=False)
-        diff = _recipe_differences(_without(saved, _trial_keys(trials)), self._recipe(trials))
+        current = self._recipe(trials, version=int(saved.get(st.RECIPE_VERSION_KEY, 1)))
+        diff = _recipe_differences(_without(saved, _trial_keys(trials)), current)
         if diff:
             raise ValueError(
                 f"hydra.sweeper.study_name={self.name!r}: this study in {sto.safe(self.url)} was started with another "
@@ -504,17 +516,28 @@ def _trainer_direction(objective: str) -> str | None:
     return objective_direction(objective)
 
 
+PRESETS_KEY = "hydra.sweeper.presets."  # the presets' overrides in a recorded recipe: compared as they are
+
+
 def _recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved -> current` for each differing key. In vitsweep's trainer this is the check a run makes before
-    it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree."""
+    it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree; the
+    presets' overrides (which that check would skip as `hydra.*` keys) are compared as they are."""
+    def split(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        own = {k: v for k, v in flat.items() if k.startswith(PRESETS_KEY) or k == st.RECIPE_VERSION_KEY}
+        return {k: v for k, v in flat.items() if k not in own}, own
+
+    (saved, saved_own), (current, current_own) = split(saved), split(current)
+    own = [f"{k}: {saved_own.get(k, '<absent>')!r} -> {current_own.get(k, '<absent>')!r}"
+           for k in sorted(saved_own.keys() | current_own.keys()) if saved_own.get(k) != current_own.get(k)]
     try:
         from src.checkpoint import config_differences
     except ImportError:
         pass
     else:
-        return config_differences(saved, current)
+        return config_differences(saved, current) + own
     return [f"{k}: {saved.get(k, '<absent>')!r} -> {current.get(k, '<absent>')!r}"
-            for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
+            for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)] + own
 
 
 def _consecutive_jobs(waiting: list, n_jobs: int) -> int:

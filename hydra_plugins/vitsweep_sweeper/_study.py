@@ -22,6 +22,8 @@ HEARTBEAT_ATTR = "vitsweep:heartbeat"  # trial system attr: a counter its worker
 RESUMED_ATTR = "vitsweep:resumed"  # trial system attr: RUNNING when a command started (its retry is not counted)
 JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
 RECIPE_ATTR = "vitsweep:recipe"  # study system attr: the job config all its trials share (flattened), for resumes
+RECIPE_VERSION_KEY = "vitsweep:recipe_version"  # in the recorded recipe: how it was made (absent: version 1)
+RECIPE_VERSION = 2  # 2: keys that only some presets set, and the presets' overrides, are part of the recipe
 
 
 def _node(value: Any, table: dict[str, Any], key: str) -> DictConfig:
