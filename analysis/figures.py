@@ -91,7 +91,7 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
             ax.plot(n, fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"], ":", color=color,
                     label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
     ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
-           title="learning curves: geometric mean over seeds, ×/÷ log-space std; power-law fits")
+           title="learning curves: geometric mean over seeds, ×/÷ log-space std;\npower-law fits")
     ax.xaxis.set_minor_formatter(mticker.NullFormatter())  # minor labels on a log axis overlap
     ax.legend(fontsize=7)
     return save_figure(fig, out)
