@@ -228,10 +228,21 @@ def open_study_storage(storage: str):
 
 
 def _study_trials(storage: str, study_name: str) -> dict[int, str]:
+    """Trial number -> state name. A trial failed as interrupted whose retries carried on in its run dir (the
+    sweeper's `retry_of` chain) gets the state of the last retry, named: a run that finished while its trial was not
+    told (a killed sweep) keeps that trial's number in its summary, and its result was reported by the retry."""
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=open_study_storage(storage))
-    return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    retry = {t.user_attrs["retry_of"]: t.number for t in trials.values() if "retry_of" in t.user_attrs}
+    states = {}
+    for number, t in trials.items():
+        last = t
+        while last.number in retry and last.state == optuna.trial.TrialState.FAIL:
+            last = trials[retry[last.number]]
+        states[number] = t.state.name if last is t else f"{last.state.name} (as retry {last.number})"
+    return states
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -177,6 +177,27 @@ def test_load_study_joins_trials_to_runs(tmp_path):
         load_study(storage, "nope")
 
 
+def test_a_run_told_through_a_retry_shows_the_state_of_the_trial_that_reported_it(tmp_path):
+    """Found in heads_depth's report (2026-11-25): a run that finished while its trial was not told (a killed sweep)
+    is reported by a retry in the same run dir, and its summary keeps the first trial's number; the trials table
+    showed that run as 'completed' with Optuna state FAIL, as if a failed trial were in the results."""
+    optuna = pytest.importorskip("optuna")
+    from optuna.trial import TrialState, create_trial
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="r", storage=storage)
+    first = study.ask()
+    run = write_run(tmp_path / "sweep", 0, config(0),
+                    summary(0.1, study_name="r", trial_number=first.number, study_storage=storage))
+    first.set_user_attr("interrupted", True)
+    study.tell(first, state=TrialState.FAIL)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.1,
+                                 user_attrs={"retry_of": first.number, "run_dir": str(run)}))
+    runs = load_runs(tmp_path / "sweep")
+    assert list(runs["optuna_state"]) == ["COMPLETE (as retry 1)"]
+
+
 def double_descent_sweep(root: Path, seeds: int = 3) -> Path:
     widths = [2, 4, 8, 16, 32, 64, 128, 256]
     # noisy labels: classical U, then a peak at the interpolation threshold (width 32), then descent
