@@ -201,7 +201,7 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
     import signal
     import uuid
 
-    from tests.test_sweeper_faults import gone, wait_for
+    from tests.test_sweeper_faults import wait_for
 
     if not os.path.isdir("/proc/self"):
         pytest.skip("finds the orphaned worker through /proc (Linux)")
@@ -215,22 +215,22 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark}
     subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL)
 
-    def marked() -> list[int]:
+    def marked(what: bytes = b"") -> list[int]:
+        """Live processes started with the mark (the pool worker; multiprocessing's resource tracker), whose
+        command line contains ``what``; a zombie's environ cannot be read, so it does not count."""
         pids = []
-        for entry in os.listdir("/proc"):
+        for entry in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if entry.isdigit() and f"VITSWEEP_TEST_MARK={mark}".encode() in open(f"/proc/{entry}/environ",
-                                                                                      "rb").read():
+                if f"VITSWEEP_TEST_MARK={mark}".encode() in open(f"/proc/{entry}/environ", "rb").read() \
+                        and what in open(f"/proc/{entry}/cmdline", "rb").read():
                     pids.append(int(entry))
             except OSError:
                 pass
         return pids
 
-    workers = marked()
-    assert workers, "the launching process died before it started a worker"
+    assert marked(b"spawn_main"), "the launching process died before it started a worker"
     try:
-        wait_for(lambda: all(gone(p) for p in workers), timeout=30, what="the orphaned worker to stop")
+        wait_for(lambda: not marked(), timeout=30, what="the orphaned worker (and the resource tracker) to stop")
     finally:
-        for p in workers:
-            if not gone(p):
-                os.kill(p, signal.SIGKILL)
+        for p in marked():
+            os.kill(p, signal.SIGKILL)

@@ -200,21 +200,18 @@ def test_a_resumed_study_with_a_changed_recipe_fails_before_any_trial_naming_the
     assert len(load(tmp_path).trials) == 4
 
 
-PRESETS = "hydra/sweeper=app_presets"  # kind a sets epochs=2, kind b keeps the config's epochs (3)
-
-
 def test_a_changed_key_that_only_some_presets_set_still_fails_the_resume(tmp_path):
     """Found resuming heads_depth (2026-11-25): a key that any preset set (the CNN preset's optimizer.lr) was left
     out of the recorded recipe for every trial, so changing it on the command line resumed the study and silently
-    trained the other presets' trials (the ViTs, whose lr comes from the config) under another recipe."""
-    grid = ["kind=choice(a,b)", "hydra/sweeper/sampler=grid", PRESETS]
+    trained the other presets' trials (the ViTs, whose lr comes from the config) under another recipe. Now each
+    preset choice's composed config is recorded (tests/sweeper_app/conf/hydra/sweeper/app_presets.yaml)."""
+    grid = ["kind=choice(a,b)", "hydra/sweeper/sampler=grid", "hydra/sweeper=app_presets"]
     sweep(tmp_path, *grid, "hydra.sweeper.n_trials=1")
-    proc = sweep(tmp_path, *grid, "epochs=5", "hydra.sweeper.n_trials=2", check=False)
-    assert proc.returncode != 0 and "epochs: 3 -> 5" in proc.stderr, proc.stderr[-2000:]
-    edited = "hydra.sweeper.presets.kind.a=['epochs=4']"  # a preset's own values are part of the recipe
-    proc = sweep(tmp_path, *grid, edited, "hydra.sweeper.n_trials=2", check=False)
-    assert proc.returncode != 0 and "hydra.sweeper.presets.kind.a: ['epochs=2'] -> ['epochs=4']" in proc.stderr, \
-        proc.stderr[-2000:]
+    for change, named in [("epochs=5", "epochs: 3 -> 5 (in kind=b)"),  # only a sets it: b's trials took 3
+                          ("y=0.5", "y: 1 -> 0.5 (in kind=b)"),  # every choice sets it, the fixed value wins
+                          ("hydra.sweeper.presets.kind.a=['epochs=4','y=2']", "epochs: 2 -> 4 (in kind=a)")]:
+        proc = sweep(tmp_path, *grid, change, "hydra.sweeper.n_trials=2", check=False)
+        assert proc.returncode != 0 and named in proc.stderr, (change, proc.stderr[-2000:])
     assert len(load(tmp_path).trials) == 1
     sweep(tmp_path, *grid, "hydra.sweeper.n_trials=2")  # the same recipe finishes it
     study = load(tmp_path)

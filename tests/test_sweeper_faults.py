@@ -66,11 +66,16 @@ def running_worker_trial(tmp_path, main_pid):
 
 
 def gone(pid):
+    """The process has exited: no such pid, or a zombie (exited, not yet reaped by the process that adopted it,
+    which in a container without an init may never happen)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_path):
@@ -119,7 +124,9 @@ def last_retry(study, t):
     """The end of `t`'s chain of retries. A retry can itself be interrupted (seen in CI: the first worker to see
     the main process gone handed its trial back, and the other one, not yet stopping, claimed that retry)."""
     while True:
-        (retry,) = [r for r in study.trials if r.user_attrs.get("retry_of") == t.number]
+        retries = [r for r in study.trials if r.user_attrs.get("retry_of") == t.number]
+        assert len(retries) == 1, f"trial {t.number} has {len(retries)} retries\n{describe(study)}"
+        (retry,) = retries
         if retry.state != TrialState.FAIL:
             return retry
         t = retry

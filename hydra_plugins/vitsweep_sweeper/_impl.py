@@ -145,11 +145,12 @@ class SweeperImpl:
             self.name = f"{self.config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             log.info(f"hydra.sweeper.study_name is null: new study {self.name!r} (name the study to resume it later)")
 
-    def _job_config(self) -> DictConfig:
+    def _job_config(self, overrides: list[str] | None = None) -> DictConfig:
         """The job config every trial shares: the primary config with the fixed overrides, as the launcher
-        composes each job (the sampled keys keep their config-file values here)."""
-        overrides = [ss.override_line(k, v) for k, v in self.fixed.items()]
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        composes each job (the sampled keys keep their config-file values here). ``overrides`` go before the fixed
+        ones, as a preset's do in a trial's command line."""
+        fixed = [ss.override_line(k, v) for k, v in self.fixed.items()]
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, [*(overrides or []), *fixed])
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg
@@ -224,32 +225,48 @@ class SweeperImpl:
         return study
 
     def _recipe(self, trials: list | None = None, version: int = st.RECIPE_VERSION) -> dict[str, Any]:
-        """The job config the trials share, flattened, without the keys a trial samples (its params and those of the
-        study's trials so far, custom_search_space's included), plus the presets' own overrides. A key that only some
-        choices of a preset set stays in: the other choices' trials take it from the config. Version 1 (studies
-        recorded before 2026-11-25) left out every key any preset set, so a changed base value of such a key (e.g.
+        """What a study's trials compute, flattened, without the keys a trial samples (its params, and those of the
+        study's trials so far, custom_search_space's included). Version 2: one flattened job config per preset
+        choice, composed as its trials are (the config, the choice's overrides, the fixed ones), so a key that only
+        some choices set, the contents of a config group a choice selects, and a fixed override of a key the
+        presets set are all in it; without presets one config, named "". Version 1 (studies recorded before
+        2026-11-25): the shared config without every key any preset sets, so a change to such a key (e.g.
         heads_depth's optimizer.lr, which only the CNN preset sets) went unnoticed; such a study keeps that check."""
         sampled = set(self.space) | _trial_keys(trials or [])
-        presets: dict[str, Any] = {}
-        for key, table in (self.presets or {}).items():
-            per_choice = [{o.split("=", 1)[0] for o in overrides} for overrides in table.values()]
-            if version == 1:
-                sampled |= set().union(*per_choice)
-                continue
-            sampled |= set.intersection(*per_choice) if per_choice else set()
-            presets.update({f"{PRESETS_KEY}{key}.{choice}": [str(o) for o in overrides]
-                            for choice, overrides in table.items()})
-        recipe = _without(_flat(OmegaConf.to_container(self.job_config, resolve=False)), sampled)
-        return recipe if version == 1 else {**recipe, **presets, st.RECIPE_VERSION_KEY: version}
+        presets = {key: table for key, table in (self.presets or {}).items() if key not in self.fixed}
+        if version == 1:
+            for table in presets.values():
+                sampled |= {o.split("=", 1)[0] for overrides in table.values() for o in overrides}
+            return _without(_flat(OmegaConf.to_container(self.job_config, resolve=False)), sampled)
+        configs = {f"{key}={choice}": self._job_config([str(o) for o in overrides])
+                   for key, table in presets.items() for choice, overrides in table.items()} or {"": self.job_config}
+        return {st.RECIPE_VERSION_KEY: version,
+                "configs": {name: _without(_flat(OmegaConf.to_container(cfg, resolve=False)), sampled)
+                            for name, cfg in configs.items()}}
 
     def _check_recipe(self, study_id: int) -> None:
         """A named study resumes only with the recipe it was started with: a changed key fails before any trial."""
         saved = self.storage.get_study_system_attrs(study_id).get(st.RECIPE_ATTR)
         if saved is None:  # a study started before the recipe was recorded
             return
+        version = int(saved.get(st.RECIPE_VERSION_KEY, 1))
+        if version > st.RECIPE_VERSION:
+            raise ValueError(f"hydra.sweeper.study_name={self.name!r}: this study in {sto.safe(self.url)} recorded its "
+                             f"recipe in version {version}, newer than this vitsweep's {st.RECIPE_VERSION}: upgrade "
+                             "vitsweep to resume it")
         trials = self.storage.get_all_trials(study_id, deepcopy=False)
-        current = self._recipe(trials, version=int(saved.get(st.RECIPE_VERSION_KEY, 1)))
-        diff = _recipe_differences(_without(saved, _trial_keys(trials)), current)
+        keys = _trial_keys(trials)
+        current = self._recipe(trials, version)
+        if version == 1:
+            diff = _recipe_differences(_without(saved, keys), current)
+        else:  # a change in every preset choice is named once; one in some choices, with those choices
+            where: dict[str, list[str]] = {}
+            common = sorted(saved["configs"].keys() & current["configs"].keys())
+            for name in common:
+                for line in _recipe_differences(_without(saved["configs"][name], keys), current["configs"][name]):
+                    where.setdefault(line, []).append(name)
+            diff = [line if len(names) == len(common) else f"{line} (in {', '.join(names)})"
+                    for line, names in where.items()]
         if diff:
             raise ValueError(
                 f"hydra.sweeper.study_name={self.name!r}: this study in {sto.safe(self.url)} was started with another "
@@ -516,28 +533,17 @@ def _trainer_direction(objective: str) -> str | None:
     return objective_direction(objective)
 
 
-PRESETS_KEY = "hydra.sweeper.presets."  # the presets' overrides in a recorded recipe: compared as they are
-
-
 def _recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved -> current` for each differing key. In vitsweep's trainer this is the check a run makes before
-    it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree; the
-    presets' overrides (which that check would skip as `hydra.*` keys) are compared as they are."""
-    def split(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        own = {k: v for k, v in flat.items() if k.startswith(PRESETS_KEY) or k == st.RECIPE_VERSION_KEY}
-        return {k: v for k, v in flat.items() if k not in own}, own
-
-    (saved, saved_own), (current, current_own) = split(saved), split(current)
-    own = [f"{k}: {saved_own.get(k, '<absent>')!r} -> {current_own.get(k, '<absent>')!r}"
-           for k in sorted(saved_own.keys() | current_own.keys()) if saved_own.get(k) != current_own.get(k)]
+    it resumes a checkpoint (`src.checkpoint.config_differences`, same runtime keys), so the two agree."""
     try:
         from src.checkpoint import config_differences
     except ImportError:
         pass
     else:
-        return config_differences(saved, current) + own
+        return config_differences(saved, current)
     return [f"{k}: {saved.get(k, '<absent>')!r} -> {current.get(k, '<absent>')!r}"
-            for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)] + own
+            for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
 
 
 def _consecutive_jobs(waiting: list, n_jobs: int) -> int:
