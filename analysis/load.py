@@ -179,7 +179,10 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
 
-    ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``). Such a run is a result (its test and
+    ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or the run ended with it within the
+    trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a model that
+    learned, collapsed to one class and, its train error flickering, ran to the epoch cap (so this column can be
+    true where the summary's own ``stalled``, the stop rule's, is false). Such a run is a result (its test and
     train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
     with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the
     trainer's flag (it stopped as converged or stalled with the lr below a tenth of its base; the flag came with
@@ -191,6 +194,10 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     reason = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
     recorded = df["stalled"] if "stalled" in df else pd.Series(None, index=df.index, dtype=object)
     stalled = recorded.where(recorded.notna(), reason == "stalled").astype(bool)
+    if "chance_train_error" in df and "train_error" in df:
+        margin = df["trainer.stalled_margin"] if "trainer.stalled_margin" in df else 0.01
+        at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= df["chance_train_error"] - margin
+        stalled |= at_chance.fillna(False).astype(bool) & (df["status"] != "running")
     df["stalled"] = stalled
     df.loc[stalled, "status"] = "completed"
     if "objective" in df and "objective_name" in df:

@@ -635,6 +635,24 @@ def test_a_stalled_run_stays_in_the_descent_curves_with_its_flag(tmp_path, old):
     assert "## Failed runs" not in text and "stalled" in text
 
 
+def test_a_run_that_ends_at_chance_after_the_epoch_cap_is_flagged_stalled(tmp_path):
+    """Found in double_descent_cnn_cifar10 (2026-11-25): C1 = 4 at 0% noise learned (best test error 60%), then
+    collapsed to chance and, its train error flickering in the third decimal, ran to the epoch cap: stop_reason
+    max_epochs, `stalled: false`, test error 90%, a spike in the descent curve that looks like a peak."""
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    run = sorted(root.iterdir())[0]
+    s = json.loads((run / "summary.json").read_text())
+    s.update(stop_reason="max_epochs", stalled=False, chance_train_error=0.8926, train_error=0.894, test_error=0.8995)
+    (run / "summary.json").write_text(json.dumps(s))
+    near = sorted(root.iterdir())[1]  # 2 points above chance: a model that learned a little, not flagged
+    s = json.loads((near / "summary.json").read_text())
+    s.update(chance_train_error=0.8926, train_error=0.87)
+    (near / "summary.json").write_text(json.dumps(s))
+    runs = load_runs(root).set_index("run_dir")
+    assert runs.loc[str(run), "stalled"] and runs.loc[str(run), "status"] == "completed"
+    assert not runs.loc[str(near), "stalled"] and runs["stalled"].sum() == 1
+
+
 def test_diverged_runs_stay_failures_listed_by_configuration(tmp_path):
     root = double_descent_sweep(tmp_path / "sweep", seeds=2)
     for run in sorted(root.iterdir())[:2]:  # width 2, noise 0, both seeds

@@ -39,6 +39,10 @@ def test_load_runs_round_trips_a_real_multirun(sweep):
     for row in runs.to_dict("records"):
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         for key, value in summary.items():
+            if key == "stalled":  # the analysis also flags a run that ended at chance for another reason
+                at_chance = summary["train_error"] >= summary["chance_train_error"] - 0.01
+                assert row["stalled"] == (value or at_chance)
+                continue
             assert row.get(key, row.get(f"summary.{key}")) == pytest.approx(value), key
         assert Path(row["run_dir"]).parent == sweep.resolve()
     hist = load_history(sweep)
