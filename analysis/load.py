@@ -176,6 +176,9 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     return df
 
 
+STALLED_MARGIN = 0.01  # the trainer's default trainer.stalled_margin (src.stop_rules.StopRules)
+
+
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
 
@@ -194,9 +197,14 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     reason = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
     recorded = df["stalled"] if "stalled" in df else pd.Series(None, index=df.index, dtype=object)
     stalled = recorded.where(recorded.notna(), reason == "stalled").astype(bool)
-    if "chance_train_error" in df and "train_error" in df:
-        margin = df["trainer.stalled_margin"] if "trainer.stalled_margin" in df else 0.01
-        at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= df["chance_train_error"] - margin
+    if "chance_train_error" in df and "train_error" in df:  # the trainer's at-chance test (src.stop_rules), not
+        # imported: the analysis reads run records without the project's training code
+        # a null trainer.stalled_margin (the stop rule off) reads as NaN here, so it gets the default too: this
+        # column says the run ended at chance, which holds whatever the stop rule was told
+        raw = df["trainer.stalled_margin"] if "trainer.stalled_margin" in df else pd.Series(None, index=df.index)
+        margin = pd.to_numeric(raw, errors="coerce").fillna(STALLED_MARGIN)
+        chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
+        at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= chance - margin
         stalled |= at_chance.fillna(False).astype(bool) & (df["status"] != "running")
     df["stalled"] = stalled
     df.loc[stalled, "status"] = "completed"
