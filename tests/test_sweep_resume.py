@@ -129,3 +129,32 @@ def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(t
     for run_dir in saved:  # a job stopped before its training began has no records yet
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] != "completed" and (run_dir / "checkpoint.pt").is_file(), summary
+
+
+def test_sigterm_stops_a_pool_worker_before_the_job_queued_to_it_starts(tmp_path):
+    """Found in the CIFAR-10 double-descent study (2026-11-25): the pool hands each worker its next job before
+    the current one ends; after SIGTERM a worker whose run had saved and stopped started that queued job, which
+    trained on until the launcher SIGKILLed it 60 s later (`did not exit 60 s after SIGTERM: killed`). A worker
+    whose job a stop signal ended takes no further job."""
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "src.sweep", "double_descent_cnn", "scale=smoke", "dataset=digits",
+           "dataset.n_train=200", "trainer.max_epochs=400", "trainer.converge_epochs=null", "trainer.progress=false",
+           "trainer.precision=fp32", "hydra.launcher.n_procs=1", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
+                 timeout=240, what="two epochs of the first run")
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    log = (sweep_dir / ".launcher" / "worker-0.log").read_text()
+    assert proc.returncode == 143, out[-3000:]
+    assert "did not exit" not in out, out[-3000:]
+    assert log.count("job #") == 1, f"a job started after the stop:\n{log[-3000:]}"
+    assert took < 30, f"the sweep took {took:.0f} s to stop"

@@ -215,7 +215,9 @@ def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: li
 
 
 def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
-    _exit_if_orphaned()  # a job the pool queued before the launching process died
+    # a job the pool queued to this worker before its launching process died, or before a stop signal ended
+    # its last job: the pool hands each worker its next job early, and that job would train on after the stop
+    _exit_if_orphaned(stopped=True)
     try:
         start = time.perf_counter()
         if len(configs) == 1:
@@ -234,12 +236,18 @@ def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, in
                 ret.return_value = _picklable(exc)
             out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
         return out
+    except BaseException as e:
+        if not isinstance(e, Exception):  # SIGTERM/SIGINT stopped the run (`RunInterrupted`, KeyboardInterrupt)
+            _WORKER["stopped"] = True  # its result still goes back to the launcher; no further job starts here
+        raise
     finally:
         _exit_if_orphaned()  # the running job has saved and stopped: end before another starts
 
 
-def _exit_if_orphaned() -> None:
-    if _WORKER.get("orphaned"):
+def _exit_if_orphaned(stopped: bool = False) -> None:
+    """End this worker at once if its launching process is gone (or, with ``stopped``, if a stop signal
+    ended its last job)."""
+    if _WORKER.get("orphaned") or (stopped and _WORKER.get("stopped")):
         os._exit(128 + signal.SIGTERM)
 
 
