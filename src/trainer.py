@@ -245,7 +245,10 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary.update({k: v for k, v in row.items() if k in known})
     summary.update(state.best)
     summary["objective"] = math.nan if reason == "nonfinite_loss" else metric(state, state.objective_name)
-    summary["stalled"] = reason == "stalled"
+    # ended at chance: the stall rule fired, or a finished run (e.g. at its epoch cap: an error moving by a few images
+    # never held still long enough) ended within the margin of chance; analysis.load.result_flags applies the same test
+    summary["stalled"] = reason == "stalled" or (
+        STATUS[reason] == "completed" and "train_error" in row and state.rules.at_chance(row["train_error"]))
     summary.update(lr_record(state, reason))
     if error:
         summary["error"] = error
@@ -263,8 +266,10 @@ def lr_record(state: RunState, reason: str) -> dict[str, Any]:
 def warn_about_stop(summary: Mapping[str, Any], rules: StopRules) -> None:
     """The two stops that are results but need a reader's attention: stalled at chance, and motionless at a low lr."""
     if summary["stalled"]:
-        log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} unchanged over "
-                    f"{rules.converge_epochs} epochs, within {rules.stalled_margin} of always predicting the commonest "
+        how = (f"unchanged over {rules.converge_epochs} epochs" if summary["stop_reason"] == "stalled"
+               else f"at the end ({summary['stop_reason']})")
+        log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} {how}, within "
+                    f"{rules.stalled_margin} of always predicting the commonest "
                     f"label ({rules.chance_error:.3f}): the model did not learn. Recorded as a result (stalled: true); "
                     "try another optimizer.lr, scheduler.warmup_epochs or seed (trainer.stalled_margin=null turns "
                     "this check off)")
