@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -158,6 +159,26 @@ def _work(task: tuple[int, str, str], image_size: int, crop: bool, flip: bool):
     return i, img, None
 
 
+def _decode_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` decode processes: forked where the OS has it (they inherit the imported modules; spawn re-imports
+    torch, ~10 s each). Each ends itself once the process that started it is gone (killed while building a cache):
+    a forked worker holds the write end of the pool's queue too, so it would otherwise wait on it for ever."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_watch_parent, initargs=(os.getpid(),))
+
+
+def _watch_parent(parent: int) -> None:
+    """Start a thread that ends this worker once ``parent`` (the pid as the parent gave it: a worker still starting
+    when its parent died has been re-parented already) is no longer its parent."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vitsweep-decode-parent-watch", daemon=True).start()
+
+
 def build_cache(rows: pd.DataFrame, out: Path, image_size: int, crop: bool, flip: bool, workers: int = 2,
                 progress: bool = True) -> dict:
     """Decode ``rows`` (path, label, patient, laterality; already in storage order) into cache folder ``out``."""
@@ -174,10 +195,7 @@ def build_cache(rows: pd.DataFrame, out: Path, image_size: int, crop: bool, flip
     kept, sums = [], []
     work = partial(_work, image_size=image_size, crop=crop, flip=flip)
     bar = tqdm(total=len(tasks), desc=f"preprocess DICOM -> {image_size}px", unit="img", disable=not progress)
-    # fork where the OS has it: workers inherit the imported modules (spawn re-imports torch: ~10 s each)
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
-            if workers > 1 and len(tasks) > 1 else None)
+    pool = _decode_pool(workers) if workers > 1 and len(tasks) > 1 else None
     results = pool.map(work, tasks, chunksize=4) if pool else map(work, tasks)
     try:
         for i, img, reason in results:
