@@ -12,8 +12,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.double_descent import width_column
 from analysis.load import load_history, load_runs
+from analysis.tables import to_markdown
+
+
+def by_epoch(sweep_dir: str | Path, epochs: list[int], width: str | None = None) -> tuple[pd.DataFrame, str]:
+    """Mean test error (with its seed count) per epoch, label noise and width, over the runs not stalled that were
+    scored at that epoch; returns the long table and its Markdown (one width-by-noise table per epoch)."""
+    runs = load_runs(sweep_dir)
+    runs = runs[~runs["stalled"].astype(bool)]
+    width = width or width_column(runs)
+    hist = load_history(sweep_dir)
+    hist = hist[hist["run_dir"].isin(runs["run_dir"]) & hist["test_error"].notna()]
+    table = (hist[hist["epoch"].isin(epochs)].groupby(["epoch", "label_noise.p", width])["test_error"]
+             .agg(mean="mean", sd="std", seeds="count").reset_index())
+    parts = []
+    for epoch, part in table.groupby("epoch"):
+        cell = part.assign(v=[f"{100 * m:.1f} ({n})" for m, n in zip(part["mean"], part["seeds"], strict=True)])
+        wide = cell.pivot(index="label_noise.p", columns=width, values="v").fillna("-")
+        wide.columns = [f"{width} {w}" for w in wide.columns]
+        parts.append(f"**epoch {epoch}**: test error % (seeds), runs still training\n\n"
+                     + to_markdown(wide.rename_axis("p").reset_index()))
+    return table, "\n".join(parts)
 
 
 def main() -> None:
@@ -23,26 +46,10 @@ def main() -> None:
     ap.add_argument("--width", default=None, help="the width key (default: the one the sweep varied)")
     ap.add_argument("--epochs", default="20,40,60,100,200")
     args = ap.parse_args()
-    runs = load_runs(args.sweep_dir)
-    runs = runs[~runs["stalled"].astype(bool)]
-    args.width = args.width or width_column(runs)
-    hist = load_history(args.sweep_dir)
-    hist = hist[hist["run_dir"].isin(runs["run_dir"]) & hist["test_error"].notna()]
-    epochs = [int(e) for e in args.epochs.split(",")]
-    at = hist[hist["epoch"].isin(epochs)]
-    table = (at.groupby(["epoch", "label_noise.p", args.width])["test_error"]
-             .agg(mean="mean", sd="std", seeds="count").reset_index())
+    table, md = by_epoch(args.sweep_dir, [int(e) for e in args.epochs.split(",")], args.width)
     table.to_csv(f"{args.out}.csv", index=False)
-    lines = []
-    for epoch, part in table.groupby("epoch"):
-        cell = part.assign(v=[f"{100 * m:.1f} ({n})" for m, n in zip(part["mean"], part["seeds"], strict=True)])
-        wide = cell.pivot(index="label_noise.p", columns=args.width, values="v").fillna("-")
-        lines.append(f"**epoch {epoch}**: test error % (runs still training)\n\n| p | "
-                     + " | ".join(f"{args.width} {w}" for w in wide.columns) + " |\n|---|"
-                     + "---|" * len(wide.columns) + "\n"
-                     + "\n".join(f"| {p} | " + " | ".join(wide.loc[p]) + " |" for p in wide.index) + "\n")
-    Path(f"{args.out}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    Path(f"{args.out}.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

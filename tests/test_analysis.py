@@ -708,3 +708,14 @@ def test_low_lr_stops_are_counted_and_named(tmp_path):
     text = (tmp_path / "report" / "report.md").read_text()
     assert "1 run stopped (converged or stalled) with its lr below 10% of its base" in text
     assert str(tmp_path / "sweep" / "1") in text
+
+
+def test_by_epoch_tables_test_error_per_width_and_noise_at_each_epoch(tmp_path):
+    from analysis.by_epoch import by_epoch
+
+    double_descent_sweep(tmp_path)
+    table, md = by_epoch(tmp_path, [1, 3])
+    assert set(table["epoch"]) == {1, 3} and (table["seeds"] == 3).all()
+    row = table[(table["epoch"] == 3) & (table["label_noise.p"] == 0.2) & (table["model.dim"] == 32)].iloc[0]
+    assert row["mean"] == pytest.approx(0.45 * (1 + 1 / 3))  # the planted peak, as history() scores epoch 3
+    assert md.count("**epoch") == 2 and "| p | model.dim 2 |" in md and "| 0.2 |" in md
