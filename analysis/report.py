@@ -124,6 +124,15 @@ def _first(t: pd.DataFrame, col: str, default: str) -> str:
     return t[col].dropna().iloc[0] if col in t and t[col].notna().any() else default
 
 
+def _trial_status(status: str, reason: object, stalled: bool) -> str:
+    """A trial's status as the trials table shows it: a stopped run with its reason, a completed one that ended at
+    chance (``analysis.load.result_flags``) as stalled, with the stop rule that ended it when that was another."""
+    if status == "completed" and stalled:
+        return "completed (stalled)" if reason in ("stalled", None) or not isinstance(reason, str) \
+            else f"completed (stalled: at chance at {reason})"
+    return f"{status} ({reason})" if status != "completed" and isinstance(reason, str) else status
+
+
 def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     """Every trial of the Optuna studies in these folders, pruned and stopped ones included, with its
     objective; the best completed trial of each study named."""
@@ -136,11 +145,10 @@ def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
         t = t.sort_values("trial_number")
         name, direction = _first(t, "objective_name", "objective"), _first(t, "objective_direction", "minimize")
         reason = t["stop_reason"] if "stop_reason" in t else pd.Series(None, index=t.index)
-        plain = [(st == "completed" and why != "stalled") or not isinstance(why, str)  # a stalled result says so
-                 for st, why in zip(t["status"], reason, strict=True)]
+        stuck = t["stalled"].fillna(False).astype(bool) if "stalled" in t else pd.Series(False, index=t.index)
         table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"),
-                              "status": [st if ok else f"{st} ({why})"
-                                         for st, why, ok in zip(t["status"], reason, plain, strict=True)]})
+                              "status": [_trial_status(st, why, s)
+                                         for st, why, s in zip(t["status"], reason, stuck, strict=True)]})
         if "optuna_state" in t and t["optuna_state"].notna().any():
             table["Optuna state"] = t["optuna_state"].fillna("-")
         cols = [*varied, "objective", *(c for c in ("epochs", "wall_s") if c in t)]
@@ -222,8 +230,9 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
             "highest local maximum of the mean test error within a factor 4 of the threshold (`window_lo`.."
             "`window_hi`); `peak_height` is its prominence and `peak_z` that height over the standard error of a "
             "difference of seed means (test-error spread pooled over widths); `peak_significant` when it "
-            "exceeds the 5% t point. The train panel adds the error on clean labels (dashed) and on the "
-            "flipped images (dotted) when the runs recorded them.", "")
+            "exceeds the 5% t point and no seed at the peak's width stalled (`peak_stalled_seeds`: a run stuck at "
+            "chance is a failed training, not a model that barely interpolates). The train panel adds the error "
+            "on clean labels (dashed) and on the flipped images (dotted) when the runs recorded them.", "")
     rep.table(summary, "double_descent_summary")
     rep.table(curves, "double_descent_curves")
     rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png"),

@@ -719,3 +719,31 @@ def test_by_epoch_tables_test_error_per_width_and_noise_at_each_epoch(tmp_path):
     row = table[(table["epoch"] == 3) & (table["label_noise.p"] == 0.2) & (table["model.dim"] == 32)].iloc[0]
     assert row["mean"] == pytest.approx(0.45 * (1 + 1 / 3))  # the planted peak, as history() scores epoch 3
     assert md.count("**epoch") == 2 and "| p | model.dim 2 |" in md and "| 0.2 |" in md
+
+
+def test_a_peak_made_of_runs_stuck_at_chance_is_not_a_significant_double_descent_peak():
+    """Found in the CIFAR-10 study (2026-11-25): at 0% noise both C1 = 4 runs collapsed to chance (test error 90%)
+    between learned widths at 72% and 62%; the report called that a significant peak (z = 14.8) at the threshold.
+    A model that never fit its training set is a failed training, not the interpolation peak: the peak is shown
+    with its stalled seeds counted and is not called significant."""
+    stuck = [0.60, 0.62, 0.50, 0.90, 0.45, 0.35, 0.30]
+    frame = curves_frame(stuck, [0.5, 0.45, 0.3, 0.9, 0.0, 0.0, 0.0], sd=0.01)
+    frame["stalled"] = frame["model.width"] == 8
+    summ = descent_summary(descent_curves(frame)).iloc[0]
+    assert summ["peak_width"] == 8 and summ["peak_stalled_seeds"] == 3
+    assert summ["peak_z"] > 10 and not summ["peak_significant"]
+    learned = descent_summary(descent_curves(frame.assign(stalled=False))).iloc[0]
+    assert learned["peak_stalled_seeds"] == 0 and learned["peak_significant"]
+
+
+def test_the_trials_table_names_a_run_that_ended_at_chance_after_its_epoch_cap(tmp_path):
+    """The CIFAR-10 report listed two C1 = 4 / 8 runs that collapsed and ran to the epoch cap as plain
+    `completed` while its curves counted them stalled."""
+    root = tuning_study(tmp_path / "sweep")
+    data = json.loads((root / "1" / "summary.json").read_text())
+    data.update(train_error=0.897, chance_train_error=0.9, stop_reason="max_epochs")
+    (root / "1" / "summary.json").write_text(json.dumps(data))
+    make_report([root], tmp_path / "report", n_boot=50)
+    trials = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in trials.splitlines() if line.startswith("| 1 |")]
+    assert "completed (stalled: at chance at max_epochs)" in row, row
