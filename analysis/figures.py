@@ -106,7 +106,8 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
 
     The train panel draws the error against the labels trained on (solid) and, when the runs recorded
     them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
-    Peaks that stand above the seed spread get a black cross, bumps within noise a grey circle."""
+    Peaks that stand above the seed spread get a black cross, bumps within noise (or made of stalled runs) a grey
+    circle; points that average in stalled seeds (train error at chance) a hollow square on both panels."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     for i, (label, c) in enumerate(_groups(curves, [*by, noise])):
@@ -119,6 +120,11 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
             if style == "-":
                 ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
+        if "n_stalled" in c and (c["n_stalled"] > 0).any():  # points that average in runs stuck at chance
+            st = c[c["n_stalled"] > 0]
+            for ax, col in ((axes[0], "train"), (axes[1], "test")):
+                ax.plot(st[width], 100 * st[f"{col}_mean"], "s", ms=8, mfc="none", color=color,
+                        label=f"{label}: with stalled seeds (at chance)")
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
         sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
@@ -126,8 +132,11 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             axes[1].plot(peaks.loc[sig, "peak_width"], 100 * peaks.loc[sig, "peak_test_error"], "kx", ms=9,
                          label="test-error peak")
         untested = peaks["peak_z"].isna() if "peak_z" in peaks else pd.Series(False, peaks.index)
-        for sel, label in ((~sig & ~untested, "bump within seed noise"),
-                           (~sig & untested, "bump, untested (one seed: no spread)")):
+        stuck = (peaks["peak_stalled_seeds"].fillna(0) > 0 if "peak_stalled_seeds" in peaks
+                 else pd.Series(False, peaks.index))
+        for sel, label in ((~sig & ~untested & ~stuck, "bump within seed noise"),
+                           (~sig & untested & ~stuck, "bump, untested (one seed: no spread)"),
+                           (stuck, "bump of stalled runs: no peak")):
             if sel.any():
                 axes[1].plot(peaks.loc[sel, "peak_width"], 100 * peaks.loc[sel, "peak_test_error"], "o", ms=9,
                              mfc="none", color="0.5", label=label)
