@@ -261,38 +261,11 @@ def test_one_epoch_training_reports_binary_metrics(tree, tmp_path):
 def test_decode_workers_stop_when_the_process_building_the_cache_dies(tmp_path):
     """A run killed (SIGKILL, out of memory) while it decoded a DICOM cache left its forked decode workers alive,
     blocked for ever on the pool's queue (they hold its write end too, so it never reads EOF)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import uuid
+    from tests.test_sweeper_faults import run_marked, wait_until_gone
 
-    from tests.conftest import ROOT
-    from tests.test_sweeper_faults import wait_for
-
-    if not os.path.isdir("/proc/self"):
-        pytest.skip("finds the orphaned workers through /proc (Linux)")
-    mark = uuid.uuid4().hex
-    code = ("import os\n"
-            "from src.data import mammo\n"
-            "pool = mammo._decode_pool(2)\n"
-            "pool.submit(os.getpid).result()\n"  # the workers are up
-            "os._exit(9)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark}
-    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=False)
-
-    def marked() -> list[int]:
-        pids = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if f"VITSWEEP_TEST_MARK={mark}".encode() in open(f"/proc/{entry}/environ", "rb").read():
-                    pids.append(int(entry))
-            except OSError:
-                pass
-        return pids
-
-    try:
-        wait_for(lambda: not marked(), timeout=30, what="the orphaned decode workers to stop")
-    finally:
-        for p in marked():
-            os.kill(p, signal.SIGKILL)
+    marked = run_marked("import os\n"
+                        "from src.data import mammo\n"
+                        "pool = mammo._decode_pool(2)\n"
+                        "pool.submit(os.getpid).result()\n"  # the workers are up
+                        "os._exit(9)\n")
+    wait_until_gone(marked, "the orphaned decode workers to stop")

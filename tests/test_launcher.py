@@ -197,40 +197,13 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
     """Found by CI (2026-11-25): a pool worker still starting (spawn: importing) when its launching process was
     killed took the process it was re-parented to for its parent, so it never saw its parent gone and lived on
     as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever)."""
-    import os
-    import signal
-    import uuid
+    from tests.test_sweeper_faults import run_marked, wait_until_gone
 
-    from tests.test_sweeper_faults import wait_for
-
-    if not os.path.isdir("/proc/self"):
-        pytest.skip("finds the orphaned worker through /proc (Linux)")
-    mark = uuid.uuid4().hex
-    code = ("import os, types\n"
-            "from hydra_plugins.vitsweep_launcher import pool\n"
-            "launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)\n"
-            f"ex = pool._pool(launcher, 1, 1, [], {str(tmp_path)!r})\n"
-            "ex.submit(os.getpid)\n"  # spawns the worker; the launching process dies before it is up
-            "os._exit(9)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark}
-    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL)
-
-    def marked(what: bytes = b"") -> list[int]:
-        """Live processes started with the mark (the pool worker; multiprocessing's resource tracker), whose
-        command line contains ``what``; a zombie's environ cannot be read, so it does not count."""
-        pids = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if f"VITSWEEP_TEST_MARK={mark}".encode() in open(f"/proc/{entry}/environ", "rb").read() \
-                        and what in open(f"/proc/{entry}/cmdline", "rb").read():
-                    pids.append(int(entry))
-            except OSError:
-                pass
-        return pids
-
+    marked = run_marked("import os, types\n"
+                        "from hydra_plugins.vitsweep_launcher import pool\n"
+                        "launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)\n"
+                        f"ex = pool._pool(launcher, 1, 1, [], {str(tmp_path)!r})\n"
+                        "ex.submit(os.getpid)\n"  # spawns the worker; the launching process dies before it is up
+                        "os._exit(9)\n")
     assert marked(b"spawn_main"), "the launching process died before it started a worker"
-    try:
-        wait_for(lambda: not marked(), timeout=30, what="the orphaned worker (and the resource tracker) to stop")
-    finally:
-        for p in marked():
-            os.kill(p, signal.SIGKILL)
+    wait_until_gone(marked, "the orphaned worker (and the resource tracker) to stop")

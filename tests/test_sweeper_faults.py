@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -63,6 +64,41 @@ def running_worker_trial(tmp_path, main_pid):
         if pid and pid != main_pid and t.intermediate_values:
             return t, pid
     return None
+
+
+def run_marked(code: str) -> Callable[..., list[int]]:
+    """Run ``code`` in a Python process whose environment carries a fresh mark (its children inherit it), and return
+    ``marked(what=b"")``: the live processes with the mark whose command line contains ``what`` (a zombie's environ
+    cannot be read, so it does not count). Finds the orphans a killed process left through /proc (Linux)."""
+    import uuid
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("finds orphaned processes through /proc (Linux)")
+    mark = f"VITSWEEP_TEST_MARK={uuid.uuid4().hex}".encode()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark.decode().split("=", 1)[1]}
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL, check=False)
+
+    def marked(what: bytes = b"") -> list[int]:
+        pids = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if mark in open(f"/proc/{entry}/environ", "rb").read() \
+                        and what in open(f"/proc/{entry}/cmdline", "rb").read():
+                    pids.append(int(entry))
+            except OSError:
+                pass
+        return pids
+
+    return marked
+
+
+def wait_until_gone(marked: Callable[..., list[int]], what: str, timeout: float = 30) -> None:
+    """Wait for every process ``marked`` lists to end; SIGKILL the ones left (then fail, naming ``what``)."""
+    try:
+        wait_for(lambda: not marked(), timeout=timeout, what=what)
+    finally:
+        for pid in marked():
+            os.kill(pid, signal.SIGKILL)
 
 
 def gone(pid):
