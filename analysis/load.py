@@ -144,6 +144,11 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
                 row[f"summary.{k}"] = v  # the trainer recorded something other than the config
             else:
                 row[k] = v
+    if summary is not None and "min_train_error" not in row:  # the lowest train error the run reached
+        errors = [m["train_error"] for m in read_metrics(run_dir / "metrics.jsonl")
+                  if isinstance(m.get("train_error"), int | float)] if (run_dir / "metrics.jsonl").is_file() else []
+        if errors:
+            row["min_train_error"] = min(errors)
     if "study_name" not in row and row.get("trial.study_name") is not None:
         row["study_name"] = row["trial.study_name"]
     if "trial_number" not in row and row.get("trial.number") is not None:
@@ -177,6 +182,10 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
 
 
 STALLED_MARGIN = 0.01  # the trainer's default trainer.stalled_margin (src.stop_rules.StopRules)
+# a finished run whose train error ended this far or more above the lowest it reached collapsed (e.g. a loss spike
+# killed its ReLUs): it did not end as a learned model. An unstable run that still learned rises less (CIFAR-10
+# C1 = 3 at 20% noise: 0.32)
+COLLAPSE_RISE = 0.5
 
 
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
@@ -185,7 +194,10 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or the run ended with it within the
     trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a model that
     learned, collapsed to one class and, its train error flickering, ran to the epoch cap (so this column can be
-    true where the summary's own ``stalled``, the stop rule's, is false). Such a run is a result (its test and
+    true where the summary's own ``stalled``, the stop rule's, is false), or it ``collapsed``: its train error ended
+    ``COLLAPSE_RISE`` (0.5) or more above the lowest it reached (``min_train_error``, from metrics.jsonl), e.g. a
+    model that nearly fit its labels and then lost them to a loss spike, ending a few points below chance. Either
+    way it did not end as a learned model. Such a run is a result (its test and
     train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
     with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the
     trainer's flag (it stopped as converged or stalled with the lr below a tenth of its base; the flag came with
@@ -206,6 +218,12 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
         chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
         at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= chance - margin
         stalled |= at_chance.fillna(False).astype(bool) & (df["status"] != "running")
+    collapsed = pd.Series(False, index=df.index)
+    if "min_train_error" in df and "train_error" in df:
+        rise = pd.to_numeric(df["train_error"], errors="coerce") - pd.to_numeric(df["min_train_error"], errors="coerce")
+        collapsed = (rise >= COLLAPSE_RISE).fillna(False).astype(bool) & (df["status"] == "completed")
+    df["collapsed"] = collapsed
+    stalled |= collapsed
     df["stalled"] = stalled
     df.loc[stalled, "status"] = "completed"
     if "objective" in df and "objective_name" in df:

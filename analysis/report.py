@@ -240,7 +240,8 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
     if "n_stalled" in curves and curves["n_stalled"].sum() > 0:  # they are in the curves above, flagged
         kept = runs[~runs["stalled"].fillna(False).astype(bool)]
         rep.add(f"### Without the {int(curves['n_stalled'].sum())} stalled runs", "",
-                "`n_stalled` above counts the seeds per point whose train error stayed at chance; they are results "
+                "`n_stalled` above counts the seeds per point whose train error ended at chance (or collapsed "
+                "towards it); they are results "
                 "and stay in the curves. For comparison only, the same curves with them left out (leaving them out "
                 "biases the under-parametrised end downwards):", "")
         if kept.empty:
@@ -283,8 +284,10 @@ def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
     lines = []
     stalled = runs["stalled"].fillna(False).astype(bool) if "stalled" in runs else pd.Series(False, runs.index)
     if stalled.any():
-        lines.append(f"- {int(stalled.sum())} stalled runs (train error stuck at chance): results, kept in every "
-                     "table and curve and counted in their `stalled` column.")
+        collapsed = int(runs["collapsed"].fillna(False).astype(bool).sum()) if "collapsed" in runs else 0
+        lines.append(f"- {int(stalled.sum())} stalled runs (train error at or near chance at the end"
+                     + (f"; {collapsed} of them collapsed there from a far lower one they had reached" if collapsed
+                        else "") + "): results, kept in every table and curve and counted in their `stalled` column.")
     low = runs["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in runs else pd.Series(False, runs.index)
     if low.any():
         n = int(low.sum())

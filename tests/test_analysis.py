@@ -648,6 +648,8 @@ def test_a_run_that_ends_at_chance_after_the_epoch_cap_is_flagged_stalled(tmp_pa
     s = json.loads((near / "summary.json").read_text())
     s.update(chance_train_error=0.8926, train_error=0.87)
     (near / "summary.json").write_text(json.dumps(s))
+    rows = [{**json.loads(line), "train_error": 0.87} for line in (near / "metrics.jsonl").read_text().splitlines()]
+    (near / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # it never got lower
     runs = load_runs(root).set_index("run_dir")
     assert runs.loc[str(run), "stalled"] and runs.loc[str(run), "status"] == "completed"
     assert not runs.loc[str(near), "stalled"] and runs["stalled"].sum() == 1
@@ -747,3 +749,20 @@ def test_the_trials_table_names_a_run_that_ended_at_chance_after_its_epoch_cap(t
     trials = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
     (row,) = [line for line in trials.splitlines() if line.startswith("| 1 |")]
     assert "completed (stalled: at chance at max_epochs)" in row, row
+
+
+def test_a_run_that_learned_then_collapsed_is_flagged_like_one_stuck_at_chance(tmp_path):
+    """Found in the CIFAR-10 study (2026-11-25): C1 = 3 and 6 runs reached 3-6% train error, then collapsed and
+    ended at 87% (chance 90%, so outside the 1-point stall margin) with test error 89%; left unflagged, the curves
+    without stalled runs showed them as "significant peaks" (z = 9.0 and 6.4). A run whose train error ended far
+    above the lowest it reached did not end as a learned model; an unstable run that still learned is kept plain."""
+    def run(num, width, errors):
+        hist = [{"epoch": e + 1, "step": e + 1, "train_error": err, "test_error": 0.6} for e, err in enumerate(errors)]
+        write_run(tmp_path, num, config(0, width=width), summary(0.88, train_error=errors[-1],
+                                                                 chance_train_error=0.9), hist)
+
+    run(0, 8, [0.8, 0.3, 0.05, 0.4, 0.87])  # collapsed: 82 points above its best, 3 below chance
+    run(1, 16, [0.8, 0.3, 0.13, 0.2, 0.45])  # unstable, but still a learned model
+    runs = load_runs(tmp_path).set_index("model.dim")
+    assert runs.loc[8, "collapsed"] and runs.loc[8, "stalled"] and runs.loc[8, "min_train_error"] == 0.05
+    assert not runs.loc[16, "collapsed"] and not runs.loc[16, "stalled"]
