@@ -144,9 +144,13 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
                 row[f"summary.{k}"] = v  # the trainer recorded something other than the config
             else:
                 row[k] = v
-    if summary is not None and "min_train_error" not in row:  # the lowest train error the run reached
-        errors = [m["train_error"] for m in read_metrics(run_dir / "metrics.jsonl")
-                  if isinstance(m.get("train_error"), int | float)] if (run_dir / "metrics.jsonl").is_file() else []
+    if summary is not None:  # the lowest train error the run reached: its metrics and the trainer's record (a run
+        # resumed from a checkpoint written before the trainer kept best_train_error has it for the later part only)
+        path = run_dir / "metrics.jsonl"
+        errors = [m["train_error"] for m in (read_metrics(path) if path.is_file() else [])
+                  if isinstance(m.get("train_error"), int | float)]
+        if isinstance(row.get("best_train_error"), int | float):
+            errors.append(row["best_train_error"])
         if errors:
             row["min_train_error"] = min(errors)
     if "study_name" not in row and row.get("trial.study_name") is not None:
@@ -185,7 +189,7 @@ STALLED_MARGIN = 0.01  # the trainer's default trainer.stalled_margin (src.stop_
 # a finished run whose train error ended this far or more above the lowest it reached collapsed (e.g. a loss spike
 # killed its ReLUs): it did not end as a learned model. An unstable run that still learned rises less (CIFAR-10
 # C1 = 3 at 20% noise: 0.32)
-COLLAPSE_RISE = 0.5
+COLLAPSE_RISE = 0.5  # src.stop_rules.COLLAPSE_RISE (not imported: the analysis reads records without src)
 
 
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # may be raised on resume to train longer
+# a finished run whose train error ended this far or more above the lowest it reached collapsed: it did not end as a
+# learned model (the trainer's summary and analysis.load.result_flags, which repeats the number, flag it stalled)
+COLLAPSE_RISE = 0.5
 FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
 
 

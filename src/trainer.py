@@ -27,7 +27,7 @@ from src.checkpoint import check_extension, check_resumable, move_aside, read_ch
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config, setup
-from src.stop_rules import StopRules
+from src.stop_rules import COLLAPSE_RISE, StopRules
 from src.trial import Reporter
 from src.validate import check_config, objective_metrics
 
@@ -177,7 +177,7 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
         row["wall_s"] = state.wall_s()
     state.recorder.log(row)
     state.last_row = row
-    for k in ("test_error", "val_error"):
+    for k in ("test_error", "val_error", "train_error"):  # best_train_error: the collapse check in summarise
         if k in row:
             state.best[f"best_{k}"] = min(state.best.get(f"best_{k}", math.inf), row[k])
     pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}",
@@ -247,8 +247,13 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary["objective"] = math.nan if reason == "nonfinite_loss" else metric(state, state.objective_name)
     # ended at chance: the stall rule fired, or a finished run (e.g. at its epoch cap: an error moving by a few images
     # never held still long enough) ended within the margin of chance; analysis.load.result_flags applies the same test
-    summary["stalled"] = reason == "stalled" or (
-        STATUS[reason] == "completed" and "train_error" in row and state.rules.at_chance(row["train_error"]))
+    finished = STATUS[reason] == "completed" and "train_error" in row
+    # collapsed: a finished run whose train error ended COLLAPSE_RISE or more above the lowest it reached (a loss spike
+    # killed its ReLUs: seen on CIFAR-10 near the interpolation threshold, ending a few points below chance)
+    summary["collapsed"] = bool(finished and row["train_error"] - state.best.get("best_train_error", math.inf)
+                                >= COLLAPSE_RISE)
+    summary["stalled"] = reason == "stalled" or summary["collapsed"] or (
+        finished and state.rules.at_chance(row["train_error"]))
     summary.update(lr_record(state, reason))
     if error:
         summary["error"] = error
@@ -265,7 +270,12 @@ def lr_record(state: RunState, reason: str) -> dict[str, Any]:
 
 def warn_about_stop(summary: Mapping[str, Any], rules: StopRules) -> None:
     """The two stops that are results but need a reader's attention: stalled at chance, and motionless at a low lr."""
-    if summary["stalled"]:
+    if summary.get("collapsed"):
+        log.warning(f"collapsed: train error {summary['train_error']:.3f} at the end ({summary['stop_reason']}), "
+                    f"{COLLAPSE_RISE} or more above the {summary['best_train_error']:.3f} it reached: the model lost "
+                    "what it had learned (e.g. a loss spike killed its ReLUs). Recorded as a result (stalled: true, "
+                    "collapsed: true); a lower optimizer.lr or trainer.grad_clip may train it stably")
+    elif summary["stalled"]:
         how = (f"unchanged over {rules.converge_epochs} epochs" if summary["stop_reason"] == "stalled"
                else f"at the end ({summary['stop_reason']})")
         log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} {how}, within "

@@ -144,3 +144,28 @@ def test_stalled_needs_the_error_at_chance():
     assert [rules.after_eval(e, 0.0) for e in (1, 2, 3)] == [None, None, "converged"]  # interpolated
     rules = StopRules(converge_epochs=2, chance_error=0.887, stalled_margin=None)
     assert [rules.after_eval(e, 0.893) for e in (1, 2, 3)] == [None, None, "converged"]  # check turned off
+
+
+def test_a_run_whose_train_error_collapsed_from_far_lower_is_recorded_collapsed_and_stalled(tiny_cfg, tmp_path,
+                                                                                         monkeypatch):
+    """Seen on CIFAR-10 near the interpolation threshold: runs reached 3-6% train error, a loss spike killed their
+    ReLUs and they ended at 87% (chance 90%: outside the stall margin), recorded as plain results. The train errors
+    are scripted here (the model trains for real); the summary records the lowest and flags the collapse."""
+    import itertools
+
+    import src.trainer as trainer
+
+    scripted = itertools.chain([0.8, 0.05], itertools.repeat(0.87))
+    original = trainer.evaluation_row
+
+    def row_with_scripted_train_error(*args, **kwargs):
+        row = original(*args, **kwargs)
+        row["train_error"] = next(scripted)
+        return row
+
+    monkeypatch.setattr(trainer, "evaluation_row", row_with_scripted_train_error)
+    summary = train(tiny_cfg("trainer.max_epochs=3", "trainer.converge_epochs=null"), tmp_path)
+    assert summary["best_train_error"] == 0.05 and summary["train_error"] == 0.87
+    assert summary["collapsed"] is True and summary["stalled"] is True and summary["status"] == "completed"
+    steady = train(tiny_cfg("trainer.max_epochs=20", "optimizer.lr=3e-3"), tmp_path / "steady")
+    assert steady["collapsed"] is False
