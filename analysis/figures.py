@@ -124,7 +124,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             st = c[c["n_stalled"] > 0]
             for ax, col in ((axes[0], "train"), (axes[1], "test")):
                 ax.plot(st[width], 100 * st[f"{col}_mean"], "s", ms=8, mfc="none", color=color,
-                        label=f"{label}: with stalled seeds (at chance)")
+                        label=f"{label}: with stalled or collapsed seeds")
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
         sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
