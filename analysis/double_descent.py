@@ -17,7 +17,8 @@ over every width of the curve. ``peak_significant`` is ``peak_z`` above the two-
 distribution with the pooled degrees of freedom. The base is the curve's lowest point and the peak its
 highest, so the test is somewhat optimistic (they were chosen after looking); a curve with one seed per
 width has no spread and never gets a significant peak. Nor does a peak with a stalled seed at its width
-(``peak_stalled_seeds``: runs whose train error ended at chance, ``analysis.load.result_flags``): a model
+(``peak_stalled_seeds``: runs whose train error ended at chance or collapsed towards it,
+``analysis.load.result_flags``): a model
 that never fit its training set is a failed training, not the peak of a model that barely interpolates
 (seen on CIFAR-10, where C1 = 4 runs collapsed to 90% test error between learned widths at 72% and 62%).
 

@@ -190,18 +190,21 @@ STALLED_MARGIN = 0.01  # the trainer's default trainer.stalled_margin (src.stop_
 # killed its ReLUs): it did not end as a learned model. An unstable run that still learned rises less (CIFAR-10
 # C1 = 3 at 20% noise: 0.32)
 COLLAPSE_RISE = 0.5  # src.stop_rules.COLLAPSE_RISE (not imported: the analysis reads records without src)
+MIN_CHANCE_ERROR = 0.5  # src.stop_rules.MIN_CHANCE_ERROR: below it (one class a majority) neither chance rule applies
 
 
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
 
-    ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or the run ended with it within the
-    trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a model that
-    learned, collapsed to one class and, its train error flickering, ran to the epoch cap (so this column can be
-    true where the summary's own ``stalled``, the stop rule's, is false), or it ``collapsed``: its train error ended
-    ``COLLAPSE_RISE`` (0.5) or more above the lowest it reached (``min_train_error``, from metrics.jsonl), e.g. a
-    model that nearly fit its labels and then lost them to a loss spike, ending a few points below chance. Either
-    way it did not end as a learned model. Such a run is a result (its test and
+    ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or a completed run ended with it
+    within the trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a model
+    that learned, collapsed to one class and, its train error flickering, ran to the epoch cap (the trainer records
+    this since 2026-11-25; older summaries say false), or it ``collapsed``: its train error ended ``COLLAPSE_RISE``
+    (0.5) or more above the lowest it reached (``min_train_error``: metrics.jsonl and the summary's
+    ``best_train_error``), e.g. a model that nearly fit its labels and then lost them to a loss spike, ending a few
+    points below chance. Either way it did not end as a learned model. Neither chance rule applies where one class
+    is a majority (``chance_train_error`` below ``MIN_CHANCE_ERROR``, 0.5), as in the trainer. Such a run is a
+    result (its test and
     train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
     with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the
     trainer's flag (it stopped as converged or stalled with the lr below a tenth of its base; the flag came with
@@ -221,11 +224,13 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
         margin = pd.to_numeric(raw, errors="coerce").fillna(STALLED_MARGIN)
         chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
         at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= chance - margin
-        stalled |= at_chance.fillna(False).astype(bool) & (df["status"] != "running")
+        at_chance &= chance >= MIN_CHANCE_ERROR
+        stalled |= at_chance.fillna(False).astype(bool) & (df["status"] == "completed")  # a finished run
     collapsed = pd.Series(False, index=df.index)
-    if "min_train_error" in df and "train_error" in df:
+    if "min_train_error" in df and "train_error" in df and "chance_train_error" in df:
         rise = pd.to_numeric(df["train_error"], errors="coerce") - pd.to_numeric(df["min_train_error"], errors="coerce")
-        collapsed = (rise >= COLLAPSE_RISE).fillna(False).astype(bool) & (df["status"] == "completed")
+        applies = pd.to_numeric(df["chance_train_error"], errors="coerce") >= MIN_CHANCE_ERROR
+        collapsed = ((rise >= COLLAPSE_RISE) & applies).fillna(False).astype(bool) & (df["status"] == "completed")
     df["collapsed"] = collapsed
     stalled |= collapsed
     df["stalled"] = stalled

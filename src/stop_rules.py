@@ -16,6 +16,9 @@ LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # may be raised on resume to
 # a finished run whose train error ended this far or more above the lowest it reached collapsed: it did not end as a
 # learned model (the trainer's summary and analysis.load.result_flags, which repeats the number, flag it stalled)
 COLLAPSE_RISE = 0.5
+# the chance rules (stalled at chance, collapsed) hold where always predicting the commonest label is wrong at least
+# this often: on a 2%-positive binary set "chance" is a 0.02 train error, which a weighted model that learned exceeds
+MIN_CHANCE_ERROR = 0.5
 FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
 
 
@@ -45,7 +48,7 @@ class StopRules:
     converge_tol: float = 0.0
     eval_every: int = 1
     chance_error: float | None = None  # train error of always predicting the commonest training label
-    stalled_margin: float | None = 0.01  # None: never call a run stalled
+    stalled_margin: float | None = 0.01  # None: never call a run stalled at chance (a collapse still is)
     history: list[tuple[int, float]] = field(default_factory=list)  # (epoch, train error) per evaluation
 
     @classmethod
@@ -76,9 +79,15 @@ class StopRules:
             return None
         return "stalled" if self.at_chance(train_error) else "converged"
 
+    def collapse_applies(self) -> bool:
+        """Whether chance means "did not learn" here: always predicting the commonest label is wrong at least
+        ``MIN_CHANCE_ERROR`` of the time (not on a set where one class is a majority)."""
+        return self.chance_error is not None and self.chance_error >= MIN_CHANCE_ERROR
+
     def at_chance(self, train_error: float) -> bool:
-        """True when ``train_error`` is within ``stalled_margin`` of always predicting the commonest label."""
-        if self.chance_error is None or self.stalled_margin is None:
+        """True when ``train_error`` is within ``stalled_margin`` of always predicting the commonest label (never
+        where that label is a majority: ``collapse_applies``)."""
+        if not self.collapse_applies() or self.stalled_margin is None:
             return False
         return train_error >= self.chance_error - self.stalled_margin
 

@@ -51,6 +51,9 @@ class RunInterrupted(SystemExit):
         super().__init__(128 + signum)
         self.signum, self.summary = signum, summary
 
+    def __reduce__(self):  # a pool worker sends it back pickled; the default would call __init__(code) alone
+        return type(self), (self.signum, self.summary)
+
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                autocast: contextlib.AbstractContextManager, xb: torch.Tensor, yb: torch.Tensor,
@@ -250,8 +253,8 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     finished = STATUS[reason] == "completed" and "train_error" in row
     # collapsed: a finished run whose train error ended COLLAPSE_RISE or more above the lowest it reached (a loss spike
     # killed its ReLUs: seen on CIFAR-10 near the interpolation threshold, ending a few points below chance)
-    summary["collapsed"] = bool(finished and row["train_error"] - state.best.get("best_train_error", math.inf)
-                                >= COLLAPSE_RISE)
+    summary["collapsed"] = bool(finished and state.rules.collapse_applies()
+                                and row["train_error"] - state.best.get("best_train_error", math.inf) >= COLLAPSE_RISE)
     summary["stalled"] = reason == "stalled" or summary["collapsed"] or (
         finished and state.rules.at_chance(row["train_error"]))
     summary.update(lr_record(state, reason))

@@ -766,3 +766,16 @@ def test_a_run_that_learned_then_collapsed_is_flagged_like_one_stuck_at_chance(t
     runs = load_runs(tmp_path).set_index("model.dim")
     assert runs.loc[8, "collapsed"] and runs.loc[8, "stalled"] and runs.loc[8, "min_train_error"] == 0.05
     assert not runs.loc[16, "collapsed"] and not runs.loc[16, "stalled"]
+
+
+def test_the_chance_flags_skip_runs_that_did_not_finish_and_sets_where_one_class_is_a_majority(tmp_path):
+    """Review findings: a pruned trial at chance was turned into a completed, stalled result (into the curves), and
+    on a 2%-positive binary set every weighted run (train error >= 0.011) was called stalled."""
+    write_run(tmp_path, 0, config(0, width=8), summary(0.9, train_error=0.899, chance_train_error=0.9,
+                                                       status="stopped", stop_reason="pruned"), history(0.9))
+    write_run(tmp_path, 1, config(0, width=16), summary(0.1, train_error=0.3, chance_train_error=0.02),
+              [{"epoch": 1, "step": 1, "train_error": 0.02, "test_error": 0.05},
+               {"epoch": 2, "step": 2, "train_error": 0.6, "test_error": 0.1}])
+    runs = load_runs(tmp_path).set_index("model.dim")
+    assert runs.loc[8, "status"] == "stopped" and not runs.loc[8, "stalled"]
+    assert not runs.loc[16, "stalled"] and not runs.loc[16, "collapsed"]

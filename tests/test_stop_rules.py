@@ -169,3 +169,28 @@ def test_a_run_whose_train_error_collapsed_from_far_lower_is_recorded_collapsed_
     assert summary["collapsed"] is True and summary["stalled"] is True and summary["status"] == "completed"
     steady = train(tiny_cfg("trainer.max_epochs=20", "optimizer.lr=3e-3"), tmp_path / "steady")
     assert steady["collapsed"] is False
+
+
+def test_the_chance_rules_hold_off_where_the_commonest_label_is_a_majority():
+    """Review finding: on a 2%-positive binary set (RSNA, balance: pos_weight) chance is 0.02, so "within 0.01 of
+    chance" took any train error >= 0.011 (even one far worse than predicting all negatives) for a model that did
+    not learn. Being at chance, or collapsing to it, means something only where always predicting the commonest
+    label is wrong at least half the time."""
+    rules = StopRules(converge_epochs=2, chance_error=0.02)
+    assert not rules.at_chance(0.015) and not rules.at_chance(0.3)
+    assert [rules.after_eval(e, 0.3) for e in (1, 2, 3)] == [None, None, "converged"]
+    assert StopRules(chance_error=0.5).at_chance(0.495) and StopRules(chance_error=0.9).at_chance(0.895)
+    assert StopRules(chance_error=0.9).collapse_applies() is True
+    assert StopRules(chance_error=0.02).collapse_applies() is False
+
+
+def test_a_stopped_run_s_exception_survives_pickling_so_a_pool_worker_can_send_it_back():
+    """Review finding: RunInterrupted pickled but did not unpickle (its __init__ takes two arguments), so a pool
+    worker's stopped job broke the launcher's pool instead of returning its result."""
+    import pickle
+
+    from src.trainer import RunInterrupted
+
+    back = pickle.loads(pickle.dumps(RunInterrupted(15, {"stop_reason": "interrupted"})))
+    assert isinstance(back, SystemExit) and back.code == 143 and back.signum == 15
+    assert back.summary == {"stop_reason": "interrupted"}

@@ -67,16 +67,25 @@ def running_worker_trial(tmp_path, main_pid):
 
 
 def run_marked(code: str) -> Callable[..., list[int]]:
-    """Run ``code`` in a Python process whose environment carries a fresh mark (its children inherit it), and return
+    """Run ``code`` (ending in ``os._exit(9)``) in a Python process whose environment carries a fresh mark (its
+    children inherit it), and return
     ``marked(what=b"")``: the live processes with the mark whose command line contains ``what`` (a zombie's environ
     cannot be read, so it does not count). Finds the orphans a killed process left through /proc (Linux)."""
+    import tempfile
     import uuid
 
     if not os.path.isdir("/proc/self"):
         pytest.skip("finds orphaned processes through /proc (Linux)")
     mark = f"VITSWEEP_TEST_MARK={uuid.uuid4().hex}".encode()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark.decode().split("=", 1)[1]}
-    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL, check=False)
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: the orphans inherit it, and reading a pipe to EOF
+        # would wait for them to end
+        child = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL,
+                               stderr=err, check=False)
+        err.seek(0)
+        # the code ends with os._exit(9) once it has started what it means to orphan: anything else (an exception
+        # before it started them) would leave nothing to find, and the test would pass without testing anything
+        assert child.returncode == 9, f"the marked process ended {child.returncode}, not os._exit(9):\n{err.read()}"
 
     def marked(what: bytes = b"") -> list[int]:
         pids = []

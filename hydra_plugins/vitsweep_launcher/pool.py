@@ -238,7 +238,7 @@ def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, in
         return out
     except BaseException as e:
         if not isinstance(e, Exception):  # SIGTERM/SIGINT stopped the run (`RunInterrupted`, KeyboardInterrupt)
-            _WORKER["stopped"] = True  # its result still goes back to the launcher; no further job starts here
+            _WORKER["stopped"] = True  # the stop goes back to the launcher (pickled); no further job starts here
         raise
     finally:
         _exit_if_orphaned()  # the running job has saved and stopped: end before another starts
