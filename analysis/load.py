@@ -248,16 +248,31 @@ def _optuna_states(df: pd.DataFrame) -> pd.Series:
     states = pd.Series(None, index=df.index, dtype=object)
     keys = df[["study_storage", "study_name"]].dropna().drop_duplicates()
     for storage, study_name in keys.itertuples(index=False):
+        sel = (df["study_storage"] == storage) & (df["study_name"] == study_name)
+        found = _moved_sqlite(storage, df.loc[sel, "run_dir"]) or storage
         try:
-            trials = _study_trials(storage, study_name)
+            trials = _study_trials(found, study_name)
         except Exception as e:  # storage moved, or a relative sqlite path from another cwd
             warnings.warn(f"cannot open Optuna study '{study_name}' at {storage}: {e}", stacklevel=3)
             continue
-        sel = (df["study_storage"] == storage) & (df["study_name"] == study_name)
         states[sel] = df.loc[sel, "trial_number"].map(
             lambda n, trials=trials: trials.get(int(n)) if pd.notna(n) else None
         )
     return states
+
+
+def _moved_sqlite(storage: str, run_dirs: Iterable[str]) -> str | None:
+    """The SQLite storage of a sweep folder that was moved or copied (a study's committed state/, another machine):
+    when the recorded file is gone, the file of the same name in the folder holding the runs, if there is one."""
+    if not storage.startswith("sqlite:///"):
+        return None
+    recorded = Path(storage.removeprefix("sqlite:///").split("?", 1)[0])
+    if recorded.is_file():
+        return None
+    for folder in sorted({Path(d).parent for d in run_dirs}):
+        if (folder / recorded.name).is_file():
+            return f"sqlite:///{(folder / recorded.name).resolve()}"
+    return None
 
 
 def open_study_storage(storage: str):

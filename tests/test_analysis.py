@@ -779,3 +779,19 @@ def test_the_chance_flags_skip_runs_that_did_not_finish_and_sets_where_one_class
     runs = load_runs(tmp_path).set_index("model.dim")
     assert runs.loc[8, "status"] == "stopped" and not runs.loc[8, "stalled"]
     assert not runs.loc[16, "stalled"] and not runs.loc[16, "collapsed"]
+
+
+def test_a_moved_sweep_folder_finds_its_optuna_storage_beside_its_runs(tmp_path):
+    """A study's committed state/ (or a sweep dir copied to another machine) records its storage at the path it had
+    when it ran; the trials' Optuna states were lost from the report once that path was gone."""
+    import optuna
+
+    sweep = tuning_study(tmp_path / "sweep", storage=f"sqlite:///{tmp_path}/gone/optuna.db")
+    study = optuna.create_study(study_name="tune_vit", storage=f"sqlite:///{sweep}/optuna.db")
+    for v in (0.79, 0.84, 0.7467):
+        study.add_trial(optuna.trial.create_trial(value=v))
+    for _ in range(2):
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED))
+    runs = load_runs(sweep).sort_values("trial_number")
+    assert list(runs["optuna_state"]) == ["COMPLETE"] * 3 + ["PRUNED"] * 2
+    assert not (tmp_path / "gone").exists()  # reading never creates the recorded path
