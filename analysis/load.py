@@ -144,15 +144,15 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
                 row[f"summary.{k}"] = v  # the trainer recorded something other than the config
             else:
                 row[k] = v
-    if summary is not None:  # the lowest train error the run reached: its metrics and the trainer's record (a run
-        # resumed from a checkpoint written before the trainer kept best_train_error has it for the later part only)
-        path = run_dir / "metrics.jsonl"
-        errors = [m["train_error"] for m in (read_metrics(path) if path.is_file() else [])
-                  if isinstance(m.get("train_error"), int | float)]
-        if isinstance(row.get("best_train_error"), int | float):
-            errors.append(row["best_train_error"])
-        if errors:
-            row["min_train_error"] = min(errors)
+    if summary is not None:  # the lowest train error the run reached: the trainer's record, or for a run written
+        # before it kept one, from its metrics
+        lowest = row.get("best_train_error")
+        if not isinstance(lowest, int | float):
+            path = run_dir / "metrics.jsonl"
+            lowest = min((m["train_error"] for m in (read_metrics(path) if path.is_file() else [])
+                          if isinstance(m.get("train_error"), int | float)), default=None)
+        if lowest is not None:
+            row["min_train_error"] = lowest
     if "study_name" not in row and row.get("trial.study_name") is not None:
         row["study_name"] = row["trial.study_name"]
     if "trial_number" not in row and row.get("trial.number") is not None:
@@ -197,40 +197,38 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the run-result flags of the summary.json contract, filled in for runs written before it.
 
     ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or a completed run ended with it
-    within the trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a model
-    that learned, collapsed to one class and, its train error flickering, ran to the epoch cap (the trainer records
-    this since 2026-11-25; older summaries say false), or it ``collapsed``: its train error ended ``COLLAPSE_RISE``
-    (0.5) or more above the lowest it reached (``min_train_error``: metrics.jsonl and the summary's
-    ``best_train_error``), e.g. a model that nearly fit its labels and then lost them to a loss spike, ending a few
-    points below chance. Either way it did not end as a learned model. Neither chance rule applies where one class
-    is a majority (``chance_train_error`` below ``MIN_CHANCE_ERROR``, 0.5), as in the trainer. Such a run is a
-    result (its test and
-    train errors are real) and gets ``status`` 'completed'; runs written before the contract recorded it as 'failed'
-    with a NaN objective, which is then taken from the metric ``objective_name`` names. ``low_lr_stop``: the
-    trainer's flag (it stopped as converged or stalled with the lr below a tenth of its base; the flag came with
-    ``lr_at_stop`` and ``base_lr``, so a run without it predates all three: False). Runs that diverged
-    (``nonfinite_loss``) stay failed."""
+    within the trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a
+    model that learned, collapsed to one class and, its train error flickering, ran to the epoch cap (the trainer
+    records this since 2026-11-25; older summaries say false), or it ``collapsed``: its train error ended
+    ``COLLAPSE_RISE`` (0.5) or more above the lowest it reached (``min_train_error``: the summary's
+    ``best_train_error``, or metrics.jsonl for older runs), e.g. a model that nearly fit its labels and then lost
+    them to a loss spike, ending a few points below chance. Either way it did not end as a learned model. Neither
+    chance rule applies where one class is a majority (``chance_train_error`` below ``MIN_CHANCE_ERROR``, 0.5), as
+    in the trainer. Such a run is a result (its test and train errors are real) and gets ``status`` 'completed';
+    runs written before the contract recorded it as 'failed' with a NaN objective, which is then taken from the
+    metric ``objective_name`` names. ``low_lr_stop``: the trainer's flag (it stopped as converged or stalled with
+    the lr below a tenth of its base; the flag came with ``lr_at_stop`` and ``base_lr``, so a run without it
+    predates all three: False). Runs that diverged (``nonfinite_loss``) stay failed."""
     if df.empty:
         return df
     df = df.copy()
     reason = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
     recorded = df["stalled"] if "stalled" in df else pd.Series(None, index=df.index, dtype=object)
     stalled = recorded.where(recorded.notna(), reason == "stalled").astype(bool)
-    if "chance_train_error" in df and "train_error" in df:  # the trainer's at-chance test (src.stop_rules), not
-        # imported: the analysis reads run records without the project's training code
+    collapsed = pd.Series(False, index=df.index)
+    if "chance_train_error" in df and "train_error" in df:  # the trainer's tests (src.stop_rules), not imported: the
+        # analysis reads run records without the project's training code; they hold for finished runs only
+        chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
+        final = pd.to_numeric(df["train_error"], errors="coerce")
+        applies = (chance >= MIN_CHANCE_ERROR) & (df["status"] == "completed")
         # a null trainer.stalled_margin (the stop rule off) reads as NaN here, so it gets the default too: this
         # column says the run ended at chance, which holds whatever the stop rule was told
         raw = df["trainer.stalled_margin"] if "trainer.stalled_margin" in df else pd.Series(None, index=df.index)
         margin = pd.to_numeric(raw, errors="coerce").fillna(STALLED_MARGIN)
-        chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
-        at_chance = pd.to_numeric(df["train_error"], errors="coerce") >= chance - margin
-        at_chance &= chance >= MIN_CHANCE_ERROR
-        stalled |= at_chance.fillna(False).astype(bool) & (df["status"] == "completed")  # a finished run
-    collapsed = pd.Series(False, index=df.index)
-    if "min_train_error" in df and "train_error" in df and "chance_train_error" in df:
-        rise = pd.to_numeric(df["train_error"], errors="coerce") - pd.to_numeric(df["min_train_error"], errors="coerce")
-        applies = pd.to_numeric(df["chance_train_error"], errors="coerce") >= MIN_CHANCE_ERROR
-        collapsed = ((rise >= COLLAPSE_RISE) & applies).fillna(False).astype(bool) & (df["status"] == "completed")
+        stalled |= (applies & (final >= chance - margin)).fillna(False).astype(bool)
+        if "min_train_error" in df:
+            rise = final - pd.to_numeric(df["min_train_error"], errors="coerce")
+            collapsed = (applies & (rise >= COLLAPSE_RISE)).fillna(False).astype(bool)
     df["collapsed"] = collapsed
     stalled |= collapsed
     df["stalled"] = stalled

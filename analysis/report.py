@@ -128,8 +128,8 @@ def _trial_status(status: str, reason: object, stalled: bool) -> str:
     """A trial's status as the trials table shows it: a stopped run with its reason, a completed one that ended at
     chance (``analysis.load.result_flags``) as stalled, with the stop rule that ended it when that was another."""
     if status == "completed" and stalled:
-        return "completed (stalled)" if reason in ("stalled", None) or not isinstance(reason, str) \
-            else f"completed (stalled: at chance at {reason})"
+        why = "" if not isinstance(reason, str) or reason == "stalled" else f": at chance at {reason}"
+        return f"completed (stalled{why})"
     return f"{status} ({reason})" if status != "completed" and isinstance(reason, str) else status
 
 

@@ -173,7 +173,7 @@ class RunState:
     train_time: float = 0.0  # seconds spent in training steps, over all starts of the run
     wall_before: float = 0.0  # wall seconds spent by earlier starts of the run
     last_row: dict = field(default_factory=dict)  # the latest evaluation
-    best: dict = field(default_factory=dict)  # best_test_error, best_val_error, best_train_error so far
+    best: dict = field(default_factory=dict)  # best_test_error, best_val_error so far
     stop_reason: str | None = None  # set by the final checkpoint of a run
     started: float = field(default_factory=time.perf_counter)
 

@@ -79,17 +79,27 @@ class StopRules:
             return None
         return "stalled" if self.at_chance(train_error) else "converged"
 
-    def collapse_applies(self) -> bool:
+    def chance_rules_apply(self) -> bool:
         """Whether chance means "did not learn" here: always predicting the commonest label is wrong at least
         ``MIN_CHANCE_ERROR`` of the time (not on a set where one class is a majority)."""
         return self.chance_error is not None and self.chance_error >= MIN_CHANCE_ERROR
 
     def at_chance(self, train_error: float) -> bool:
         """True when ``train_error`` is within ``stalled_margin`` of always predicting the commonest label (never
-        where that label is a majority: ``collapse_applies``)."""
-        if not self.collapse_applies() or self.stalled_margin is None:
+        where that label is a majority: ``chance_rules_apply``)."""
+        if not self.chance_rules_apply() or self.stalled_margin is None:
             return False
         return train_error >= self.chance_error - self.stalled_margin
+
+    def lowest_error(self) -> float | None:
+        """The lowest train error of the run's evaluations so far (None before the first)."""
+        return min((err for _, err in self.history), default=None)
+
+    def collapsed(self) -> bool:
+        """The latest train error is ``COLLAPSE_RISE`` or more above the lowest the run reached: it lost what it had
+        learned (e.g. a loss spike killed its ReLUs). Not where one class is a majority (``chance_rules_apply``)."""
+        return (self.chance_rules_apply() and bool(self.history)
+                and self.history[-1][1] - self.lowest_error() >= COLLAPSE_RISE)
 
     def converged(self) -> bool:
         if not self.converge_epochs or not self.history:

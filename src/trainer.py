@@ -180,7 +180,7 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
         row["wall_s"] = state.wall_s()
     state.recorder.log(row)
     state.last_row = row
-    for k in ("test_error", "val_error", "train_error"):  # best_train_error: the collapse check in summarise
+    for k in ("test_error", "val_error"):
         if k in row:
             state.best[f"best_{k}"] = min(state.best.get(f"best_{k}", math.inf), row[k])
     pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}",
@@ -248,15 +248,17 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary.update({k: v for k, v in row.items() if k in known})
     summary.update(state.best)
     summary["objective"] = math.nan if reason == "nonfinite_loss" else metric(state, state.objective_name)
-    # ended at chance: the stall rule fired, or a finished run (e.g. at its epoch cap: an error moving by a few images
-    # never held still long enough) ended within the margin of chance; analysis.load.result_flags applies the same test
+    rules = state.rules  # its history holds every evaluation's train error, across resumes
+    if rules.history:
+        summary["best_train_error"] = rules.lowest_error()
+    # a finished run that did not end as a learned model: the stall rule fired, it ended within the margin of chance
+    # for another reason (e.g. at its epoch cap, an error moving by a few images never held still long enough), or it
+    # collapsed from far lower (seen on CIFAR-10 near the interpolation threshold, ending a few points below chance);
+    # analysis.load.result_flags applies the same tests to the records
     finished = STATUS[reason] == "completed" and "train_error" in row
-    # collapsed: a finished run whose train error ended COLLAPSE_RISE or more above the lowest it reached (a loss spike
-    # killed its ReLUs: seen on CIFAR-10 near the interpolation threshold, ending a few points below chance)
-    summary["collapsed"] = bool(finished and state.rules.collapse_applies()
-                                and row["train_error"] - state.best.get("best_train_error", math.inf) >= COLLAPSE_RISE)
-    summary["stalled"] = reason == "stalled" or summary["collapsed"] or (
-        finished and state.rules.at_chance(row["train_error"]))
+    summary["collapsed"] = finished and rules.collapsed()
+    summary["stalled"] = (reason == "stalled" or summary["collapsed"]
+                          or (finished and rules.at_chance(row["train_error"])))
     summary.update(lr_record(state, reason))
     if error:
         summary["error"] = error

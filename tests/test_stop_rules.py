@@ -180,8 +180,8 @@ def test_the_chance_rules_hold_off_where_the_commonest_label_is_a_majority():
     assert not rules.at_chance(0.015) and not rules.at_chance(0.3)
     assert [rules.after_eval(e, 0.3) for e in (1, 2, 3)] == [None, None, "converged"]
     assert StopRules(chance_error=0.5).at_chance(0.495) and StopRules(chance_error=0.9).at_chance(0.895)
-    assert StopRules(chance_error=0.9).collapse_applies() is True
-    assert StopRules(chance_error=0.02).collapse_applies() is False
+    assert StopRules(chance_error=0.9).chance_rules_apply() is True
+    assert StopRules(chance_error=0.02).chance_rules_apply() is False
 
 
 def test_a_stopped_run_s_exception_survives_pickling_so_a_pool_worker_can_send_it_back():
