@@ -217,7 +217,7 @@ def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: li
 def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
     # a job the pool queued to this worker before its launching process died, or before a stop signal ended
     # its last job: the pool hands each worker its next job early, and that job would train on after the stop
-    _exit_if_orphaned(stopped=True)
+    _exit_if("orphaned", "stopped")
     try:
         start = time.perf_counter()
         if len(configs) == 1:
@@ -236,18 +236,17 @@ def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, in
                 ret.return_value = _picklable(exc)
             out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))
         return out
-    except BaseException as e:
-        if not isinstance(e, Exception):  # SIGTERM/SIGINT stopped the run (`RunInterrupted`, KeyboardInterrupt)
-            _WORKER["stopped"] = True  # the stop goes back to the launcher (pickled); no further job starts here
+    except (SystemExit, KeyboardInterrupt):  # SIGTERM/SIGINT stopped the run (`RunInterrupted`, a second Ctrl-C)
+        _WORKER["stopped"] = True  # the stop goes back to the launcher (pickled); no further job starts here
         raise
     finally:
-        _exit_if_orphaned()  # the running job has saved and stopped: end before another starts
+        _exit_if("orphaned")  # the running job has saved and stopped: end before another starts
 
 
-def _exit_if_orphaned(stopped: bool = False) -> None:
-    """End this worker at once if its launching process is gone (or, with ``stopped``, if a stop signal
-    ended its last job)."""
-    if _WORKER.get("orphaned") or (stopped and _WORKER.get("stopped")):
+def _exit_if(*flags: str) -> None:
+    """End this worker at once if any of ``flags`` is set: ``orphaned`` (its launching process is gone),
+    ``stopped`` (a stop signal ended its last job)."""
+    if any(_WORKER.get(flag) for flag in flags):
         os._exit(128 + signal.SIGTERM)
 
 
