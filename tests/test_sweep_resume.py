@@ -101,23 +101,33 @@ def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
 
 
-def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(tmp_path):
-    """`python -m src.sweep` waited on the sweep as a child: SIGTERM stopped only the wrapper (the sweep trained on
-    as an orphan) and Ctrl-C killed the sweep 0.25 s later, before it could hand its trials back."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    sweep_dir = tmp_path / "sweep"
+def sigterm_after_two_epochs(sweep_dir, *overrides: str) -> tuple[int, str, float]:
+    """Run the smoke double-descent study through `python -m src.sweep` (400 epochs a run, no convergence stop),
+    SIGTERM it once a run has two epochs; returns its exit code, its output and the seconds it took to stop."""
+    import time
+
     cmd = [sys.executable, "-m", "src.sweep", "double_descent_cnn", "scale=smoke", "dataset=digits",
            "dataset.n_train=200", "trainer.max_epochs=400", "trainer.converge_epochs=null", "trainer.progress=false",
-           "trainer.precision=fp32", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           "trainer.precision=fp32", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
                  timeout=240, what="two epochs of a run")
+        start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
+        return proc.returncode, out, time.monotonic() - start
     finally:
         proc.kill()
-    assert proc.returncode == 143, out[-3000:]
+
+
+def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(tmp_path):
+    """`python -m src.sweep` waited on the sweep as a child: SIGTERM stopped only the wrapper (the sweep trained on
+    as an orphan) and Ctrl-C killed the sweep 0.25 s later, before it could hand its trials back."""
+    sweep_dir = tmp_path / "sweep"
+    returncode, out, _ = sigterm_after_two_epochs(sweep_dir)
+    assert returncode == 143, out[-3000:]
     study = optuna.load_study(study_name="double_descent_cnn", storage=f"sqlite:///{sweep_dir}/optuna.db")
     states = [t.state for t in study.trials]
     assert TrialState.RUNNING not in states, states
@@ -136,25 +146,10 @@ def test_sigterm_stops_a_pool_worker_before_the_job_queued_to_it_starts(tmp_path
     the current one ends; after SIGTERM a worker whose run had saved and stopped started that queued job, which
     trained on until the launcher SIGKILLed it 60 s later (`did not exit 60 s after SIGTERM: killed`). A worker
     whose job a stop signal ended takes no further job."""
-    import time
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sweep_dir = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "src.sweep", "double_descent_cnn", "scale=smoke", "dataset=digits",
-           "dataset.n_train=200", "trainer.max_epochs=400", "trainer.converge_epochs=null", "trainer.progress=false",
-           "trainer.precision=fp32", "hydra.launcher.n_procs=1", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
-                 timeout=240, what="two epochs of the first run")
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-        took = time.monotonic() - start
-    finally:
-        proc.kill()
+    returncode, out, took = sigterm_after_two_epochs(sweep_dir, "hydra.launcher.n_procs=1")
     log = (sweep_dir / ".launcher" / "worker-0.log").read_text()
-    assert proc.returncode == 143, out[-3000:]
+    assert returncode == 143, out[-3000:]
     assert "did not exit" not in out, out[-3000:]
     assert log.count("job #") == 1, f"a job started after the stop:\n{log[-3000:]}"
     assert took < 30, f"the sweep took {took:.0f} s to stop"
