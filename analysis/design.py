@@ -1,0 +1,382 @@
+"""Study design: can a double-descent grid see the peak it tests? Pilot first, declare the test, report the power.
+
+``python -m analysis.design plan PILOT_DIR...`` reads a pilot sweep (a few widths, two or three training-set sizes,
+an lr ladder, two seeds) and prints, per training-set size and lr:
+
+- the **interpolation threshold**: the smallest width whose mean final train error (on the labels trained on) is
+  at most ``tol``, over the runs that did not collapse, and how many grid widths below it underfit;
+- the **collapse table**: runs per (lr, width) and how many ended flagged ``stalled``/``collapsed``
+  (``analysis.load.result_flags``);
+- the **lr rule**, stated before it is applied and never looking at test error: the largest lr of the ladder under
+  which no pilot run at the threshold widths (the grid widths within a factor 2 of that lr's threshold) collapsed or
+  stalled;
+- the **seed spread** at the chosen lr: the standard deviation over seeds of each width's test error, and of the
+  declared statistic below, pooled over the pilot's curves;
+- the **smallest detectable peak** for k seeds (``mde``), and a suggested main grid around the threshold.
+
+The declared statistic of a peak (``peak_contrast``): per seed, the test error at the threshold width T minus the
+test error at its left neighbour (the nearest grid width at most T/2) and minus that at its right neighbour (the
+nearest at least 2T); seeds share their data subset and noisy labels across widths, so both contrasts are paired.
+A peak stands above both: the test is the intersection-union test of two one-sided paired t-tests over seeds
+("T above left" and "T above right", each at level ``alpha`` = 0.05; its p is the larger p), and the peak's
+``height`` is the smaller mean contrast. A curve that only bends (falls slower at T) is not a peak. T comes from
+train errors only, so the widths tested are fixed without looking at any test error. The power figure uses the
+pooled seed sd of both contrasts.
+
+``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
+the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
+significant; *not reproduced* only where it is not and the smallest effect detectable with the main run's seeds,
+from the pilot's spread, is below the published effect; otherwise *inconclusive*, with what would settle it.
+A flagged (collapsed or stalled) run at one of the three widths makes the verdict inconclusive: a failed
+training is not a test-error value.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.double_descent import width_column
+from analysis.load import completed_only, load_runs, require_columns
+from analysis.tables import to_markdown
+
+NOISE = "label_noise.p"
+LR = "optimizer.lr"
+SEED = "seed"
+# keys that split a pilot or main run into separate curves when they take several values
+CURVE_KEYS = ("dataset.n_train", "optimizer.lr", "optimizer.weight_decay", "trainer.converge_epochs",
+              "trainer.max_epochs")
+ALPHA, POWER = 0.05, 0.8
+
+
+def curve_keys(df: pd.DataFrame) -> list[str]:
+    """The keys of ``CURVE_KEYS`` that vary in ``df`` (one curve per combination, and per noise level)."""
+    return [k for k in CURVE_KEYS if k in df.columns and df[k].nunique(dropna=False) > 1]
+
+
+def _flagged(df: pd.DataFrame) -> pd.Series:
+    out = pd.Series(False, index=df.index)
+    for f in ("stalled", "collapsed"):
+        if f in df.columns:
+            out |= df[f].fillna(False).astype(bool)
+    return out
+
+
+def threshold(c: pd.DataFrame, width: str, tol: float) -> float:
+    """Smallest width whose mean final train error over its unflagged runs is at most ``tol`` (NaN if none)."""
+    ok = c[~_flagged(c)]
+    means = ok.groupby(width)["train_error"].mean().sort_index()
+    fits = means[means <= tol]
+    return float(fits.index[0]) if len(fits) else np.nan
+
+
+def thresholds(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> pd.DataFrame:
+    """Per curve (varying keys and noise): the threshold, the grid, and how many grid widths below it underfit."""
+    width = width or width_column(df)
+    require_columns(df, width, NOISE, "train_error")
+    df = completed_only(df, "thresholds")
+    keys = [*curve_keys(df), NOISE]
+    rows = []
+    for key, c in df.groupby(keys, dropna=False, sort=True):
+        t = threshold(c, width, tol)
+        grid = sorted(c[width].unique())
+        means = c[~_flagged(c)].groupby(width)["train_error"].mean()
+        below = [w for w in grid if np.isfinite(t) and w < t and means.get(w, 0.0) > tol]
+        rows.append({**dict(zip(keys, np.atleast_1d(key), strict=True)), "threshold": t,
+                     "underfit_below": len(below), "grid": ",".join(f"{w:g}" for w in grid),
+                     "runs": len(c), "flagged": int(_flagged(c).sum())})
+    return pd.DataFrame(rows)
+
+
+def collapse_table(df: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
+    """Runs and flagged (collapsed or stalled) runs per (curve keys, noise, width)."""
+    width = width or width_column(df)
+    df = completed_only(df, "collapse_table").assign(flagged=lambda d: _flagged(d))
+    keys = [*curve_keys(df), NOISE, width]
+    g = df.groupby(keys, dropna=False, sort=True)
+    return g.agg(runs=("flagged", "size"), flagged=("flagged", "sum")).reset_index()
+
+
+def near(grid: list[float], t: float, factor: float = 2.0) -> list[float]:
+    """The grid widths within ``factor`` of ``t`` (every width when ``t`` is NaN: no threshold, all are suspect)."""
+    return [w for w in grid if not np.isfinite(t) or t / factor <= w <= t * factor]
+
+
+def choose_lr(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> tuple[float | None, pd.DataFrame]:
+    """The lr rule: the largest lr under which no run at its threshold widths collapsed or stalled.
+
+    Thresholds are taken per (other curve keys, noise) at each lr; an lr whose curves have no interpolating width
+    counts every width as a threshold width. Returns (lr or None, one row per lr with its flagged runs there)."""
+    width = width or width_column(df)
+    require_columns(df, LR)
+    df = completed_only(df, "choose_lr")
+    others = [k for k in curve_keys(df) if k != LR]
+    rows = []
+    for lr, at in df.groupby(LR, sort=True):
+        bad = total = 0
+        for _, c in at.groupby([*others, NOISE], dropna=False):
+            t = threshold(c, width, tol)
+            sel = c[c[width].isin(near(sorted(c[width].unique()), t))]
+            bad += int(_flagged(sel).sum())
+            total += len(sel)
+        rows.append({LR: float(lr), "runs_at_threshold_widths": total, "flagged": bad, "stable": bad == 0})
+    table = pd.DataFrame(rows)
+    stable = table[table["stable"]]
+    return (float(stable[LR].max()) if len(stable) else None), table
+
+
+def neighbours(grid: list[float], t: float, factor: float = 2.0) -> tuple[float | None, float | None]:
+    """The nearest grid widths at most ``t / factor`` and at least ``t * factor``."""
+    lo = [w for w in grid if w <= t / factor]
+    hi = [w for w in grid if w >= t * factor]
+    return (max(lo) if lo else None), (min(hi) if hi else None)
+
+
+def peak_contrast(c: pd.DataFrame, width: str, t: float) -> tuple[pd.DataFrame, tuple]:
+    """Per seed (rows): test error at width ``t`` minus that at its left and at its right neighbour (columns
+    ``left``, ``right``); seeds missing a width are dropped."""
+    lo, hi = neighbours(sorted(c[width].unique()), t)
+    if lo is None or hi is None:
+        return pd.DataFrame(columns=["left", "right"], dtype=float), (lo, t, hi)
+    m = c.pivot_table(index=SEED, columns=width, values="test_error", aggfunc="mean")
+    d = pd.DataFrame({"left": m[t] - m[lo], "right": m[t] - m[hi]})
+    return d.dropna(), (lo, t, hi)
+
+
+def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest true mean contrast a one-sided paired t-test over ``k`` seeds detects with ``power``."""
+    if k < 2 or not np.isfinite(sd):
+        return np.nan
+    return float((stats.t.ppf(1 - alpha, k - 1) + stats.t.ppf(power, k - 1)) * sd / np.sqrt(k))
+
+
+@dataclass
+class Spread:
+    contrast_sd: float  # pooled sd over seeds of the two peak contrasts
+    dof: int
+    width_sd: float  # pooled sd over seeds of one width's test error
+    curves: int
+
+
+def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> Spread:
+    """Seed spread of the pilot's curves (unflagged runs): of the contrast at each curve's threshold, and of a
+    single width's test error, both pooled (sum of squares over degrees of freedom)."""
+    width = width or width_column(df)
+    df = completed_only(df, "spread")
+    df = df[~_flagged(df)]
+    ss_c = dof_c = ss_w = dof_w = curves = 0
+    for _, c in df.groupby([*curve_keys(df), NOISE], dropna=False):
+        for _, g in c.groupby(width):
+            if g["test_error"].count() > 1:
+                ss_w += g["test_error"].var() * (g["test_error"].count() - 1)
+                dof_w += g["test_error"].count() - 1
+        t = threshold(c, width, tol)
+        if not np.isfinite(t):
+            continue
+        d, _ = peak_contrast(c, width, t)
+        if len(d) > 1:
+            for side in ("left", "right"):
+                ss_c += d[side].var() * (len(d) - 1)
+                dof_c += len(d) - 1
+            curves += 1
+    return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
+                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves)
+
+
+LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
+
+
+def suggest_grid(t: float, ladder: tuple = LADDER, below: int = 2) -> list[float]:
+    """Widths of ``ladder`` from ``below`` steps under a factor 2 below ``t`` up to 8 t: the threshold in the
+    middle of a log axis, dense around it, with room for the second descent."""
+    if not np.isfinite(t):
+        return []
+    lo = [w for w in ladder if w <= t / 2]
+    start = lo[-below] if len(lo) >= below else ladder[0]
+    return [w for w in ladder if start <= w <= 8 * t]
+
+
+@dataclass
+class PeakTest:
+    curve: str
+    threshold: float
+    left: float | None
+    right: float | None
+    seeds: int
+    vs_left: float  # mean over seeds of test(T) - test(left)
+    vs_right: float  # mean over seeds of test(T) - test(right)
+    height: float  # the smaller of the two: how far the threshold's test error stands above both neighbours
+    p_value: float  # the larger of the two one-sided paired t-tests' p (intersection-union test of a peak)
+    flagged_runs: int
+    mde: float
+    effect: float
+    verdict: str
+
+
+def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA) -> str:
+    """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring."""
+    if flagged:
+        return f"inconclusive ({flagged} collapsed or stalled runs at the tested widths)"
+    if not np.isfinite(p):
+        return "inconclusive (no threshold with a neighbour on each side in the grid)"
+    if p < alpha and mean > 0:
+        return "reproduced"
+    if np.isfinite(detectable) and detectable <= effect:
+        return "not reproduced"
+    return (f"inconclusive (the design detects {detectable:.3f} and up, the published effect is taken as "
+            f"{effect:.3f}: more seeds would settle it)")
+
+
+def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
+               tol: float = 0.01, alpha: float = ALPHA) -> list[PeakTest]:
+    """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict."""
+    width = width or width_column(df)
+    require_columns(df, width, NOISE, SEED, "train_error", "test_error")
+    df = completed_only(df, "peak_tests")
+    keys = [*curve_keys(df), NOISE]
+    out = []
+    for key, c in df.groupby(keys, dropna=False, sort=True):
+        name = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+        t = threshold(c, width, tol)
+        d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
+                          else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
+        flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
+        k = len(d)
+        p = np.nan
+        if k >= 2 and (d.std() > 0).all():
+            p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue)
+                    for s in ("left", "right"))
+        means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
+        height = float(min(means["left"], means["right"]))
+        detectable = mde(pilot_sd, k, alpha)
+        out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
+                            detectable, effect, verdict(p, height, detectable, effect, flagged, alpha)))
+    return out
+
+
+def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: int = 3, max_seeds: int = 8) -> dict:
+    """The main run's n_train, grid and seeds from a pilot, by rules that read train errors and the seed spread only.
+
+    n_train: among the pilot sizes whose threshold (at the chosen lr and the largest noise level, or ``noise``)
+    leaves at least two underfitting pilot widths below it, the one whose threshold is closest to ``target`` (the
+    published threshold) on a log scale. Grid: ``suggest_grid`` around that threshold. Seeds: the fewest in
+    ``min_seeds..max_seeds`` whose smallest detectable contrast is at most the published effect (else ``max_seeds``).
+    """
+    th = p["thresholds"]
+    noise = th[NOISE].max() if noise is None else noise
+    ok = th[(th[NOISE] == noise) & (th["underfit_below"] >= 2) & th["threshold"].notna()]
+    if ok.empty:
+        return {}
+    ok = ok.assign(dist=np.abs(np.log(ok["threshold"] / target)))
+    row = ok.sort_values(["dist", "threshold"]).iloc[0]
+    sd = p["spread"].contrast_sd
+    seeds = next((k for k in range(min_seeds, max_seeds + 1) if mde(sd, k) <= p["effect"]), max_seeds)
+    out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"]), "seeds": seeds,
+           "mde": mde(sd, seeds)}
+    if "dataset.n_train" in th:
+        out["n_train"] = int(row["dataset.n_train"])
+    return out
+
+
+def main_overrides(m: dict, lr: float | None) -> list[str]:
+    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule)."""
+    out = [] if lr is None else [f"optimizer.lr={lr:g}"]
+    if "n_train" in m:
+        out.append(f"dataset.n_train={m['n_train']}")
+    out.append("model.width=choice(" + ",".join(f"{w:g}" for w in m["grid"]) + ")")
+    out.append("seed=choice(" + ",".join(str(s) for s in range(m["seeds"])) + ")")
+    return out
+
+
+def plan(paths: list[str], tol: float, seeds: list[int], effect: float) -> dict:
+    df = load_runs(paths)
+    width = width_column(df)
+    lr, lr_table = choose_lr(df, width, tol) if LR in curve_keys(df) else (None, pd.DataFrame())
+    at = df if lr is None else df[np.isclose(df[LR].astype(float), lr)]
+    sp = spread(at, width, tol)
+    th = thresholds(at, width, tol)
+    return {"width": width, "lr": lr, "lr_table": lr_table, "thresholds": th, "all_thresholds": thresholds(df, width, tol),
+            "collapses": collapse_table(df, width), "spread": sp,
+            "mde": {k: mde(sp.contrast_sd, k) for k in seeds}, "effect": effect,
+            "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
+                      for r in th.to_dict("records")}}
+
+
+def plan_markdown(p: dict) -> str:
+    sp = p["spread"]
+    lines = ["## Pilot", "", "### Collapses (runs flagged collapsed or stalled)", "",
+             to_markdown(p["collapses"]), ""]
+    if len(p["lr_table"]):
+        chosen = "none: every lr collapsed at its threshold widths" if p["lr"] is None else f"{p['lr']:g}"
+        lines += ["### lr rule: the largest lr with no flagged run at its threshold widths (within 2x)", "",
+                  to_markdown(p["lr_table"]), "", f"Chosen lr: **{chosen}**", ""]
+    lines += ["### Interpolation thresholds (mean train error <= tol, unflagged runs)", "",
+              to_markdown(p["thresholds"]), "",
+              "### Seed spread and the smallest detectable peak", "",
+              f"Contrast sd {sp.contrast_sd:.4f} ({sp.dof} dof over {sp.curves} curves); one width's test-error sd "
+              f"{sp.width_sd:.4f}. One-sided paired t-test, alpha {ALPHA}, power {POWER}:", "",
+              "| seeds | smallest detectable contrast |", "|---|---|"]
+    lines += [f"| {k} | {v:.4f} |" for k, v in p["mde"].items()]
+    lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
+    lines += [f"- {k}: {', '.join(f'{w:g}' for w in g) or 'no threshold in the pilot grid'}"
+              for k, g in p["grids"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def tests_markdown(tests: list[PeakTest], pilot: Spread) -> str:
+    rows = pd.DataFrame([asdict(t) for t in tests])
+    return ("## Declared test: paired contrast of the threshold width against its neighbours (one-sided t)\n\n"
+            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof).\n\n" + to_markdown(rows) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.design", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_plan = sub.add_parser("plan", help="read a pilot: thresholds, collapses, the lr rule, spread, power")
+    p_plan.add_argument("paths", nargs="+")
+    p_plan.add_argument("--seeds", default="2,3,4,6,8", help="seed counts to give the smallest detectable peak for")
+    p_plan.add_argument("--json", action="store_true", help="print the chosen lr and thresholds as JSON")
+    p_plan.add_argument("--target", type=float, help="the published threshold: print the main run's overrides "
+                        "(lr, n_train, grid, seeds) chosen by the declared rules (choose_main)")
+    p_test = sub.add_parser("test", help="apply the declared peak test to a main run")
+    p_test.add_argument("paths", nargs="+")
+    p_test.add_argument("--pilot", nargs="+", required=True, help="the pilot's sweep dirs (its spread gives power)")
+    for p in (p_plan, p_test):
+        p.add_argument("--tol", type=float, default=0.01, help="train error counted as interpolating")
+        p.add_argument("--effect", type=float, default=0.05, help="the published peak, as a test-error contrast")
+        p.add_argument("--out", help="also write the Markdown here")
+    a = ap.parse_args(argv)
+    if a.cmd == "plan":
+        p = plan(a.paths, a.tol, [int(s) for s in a.seeds.split(",")], a.effect)
+        if a.target is not None:
+            m = choose_main(p, a.target)
+            if not m:
+                print("no pilot size leaves two underfitting widths below its threshold", file=sys.stderr)
+                return 1
+            print(" ".join(main_overrides(m, p["lr"])))
+            return 0
+        if a.json:
+            print(json.dumps({"lr": p["lr"], "thresholds": p["thresholds"].to_dict("records"),
+                              "contrast_sd": p["spread"].contrast_sd, "grids": p["grids"]}, default=float))
+            return 0
+        text = plan_markdown(p)
+    else:
+        pilot = load_runs(a.pilot)
+        lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)
+        pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
+        sp = spread(pilot, tol=a.tol)
+        text = tests_markdown(peak_tests(load_runs(a.paths), sp.contrast_sd, a.effect, tol=a.tol), sp)
+    print(text)
+    if a.out:
+        from pathlib import Path
+        Path(a.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# One lent-GPU call for the CIFAR-10 CNN double descent (issue 26): facts and the CUDA tests (gpu_session.sh's
+# `tests` step), the pilot, the design rules applied to it (analysis.design), then the main run's two stop arms at
+# what the rules chose, each step in a time box; records come back packed under $OUT.
+#
+#   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh
+#
+# DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
+# first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
+# Optuna, ...) is installed into /tmp/site first when the machine lacks them. A step stopped by its time box gets
+# SIGTERM, so its runs checkpoint and the sweep resumes with the same command.
+set -u
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+OUT=${OUT:-outputs/gpu}
+DATA=$(realpath "${DATA:-.gpudata}")
+W=${WORK:-/tmp/vitsweep_gpu}
+DEADLINE=${DEADLINE:-550}   # seconds from start by which every step has ended and the records are packed
+PROCS=${PROCS:-8}           # launcher worker processes sharing the GPU
+LOG=$W/logs  # step logs and the design tables, packed into $OUT/logs.tar.gz (a call returns at most 8 files)
+mkdir -p "$OUT" "$W" "$LOG"
+if [ -d .whl ] && ! python3 -c "import hydra, optuna" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
+CIFAR=(dataset.root="$DATA/cifar10_8192_2000.npz")
+GPU=(trainer.progress=false trainer.checkpoint_every=20 hydra.launcher.n_procs="$PROCS")
+read -r -a EXTRA <<<"${EXTRA:-}"              # overrides for every sweep (a dry run on CPU: smaller data, fewer epochs)
+read -r -a PILOT_EXTRA <<<"${PILOT_EXTRA:-}"  # overrides for the pilot only
+MAIN_EPOCHS=${MAIN_EPOCHS:-300}
+
+left() { echo $((DEADLINE - (SECONDS - T0))); }
+step() {  # step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then KILL 20 s later), log, print its tail
+  local name=$1 limit=$2
+  shift 2
+  [ "$limit" -gt "$(left)" ] && limit=$(left)
+  if [ "$limit" -le 5 ]; then echo "== $name: skipped (no time left)"; return 99; fi
+  local t0=$SECONDS
+  echo "== $name (box ${limit}s): $*"
+  timeout -k 20 "$limit" "$@" >"$LOG/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc $rc in $((SECONDS - t0)) s"
+  tail -n "${TAIL:-5}" "$LOG/$name.log" | cut -c1-300
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))"
+echo "cpus $(nproc)"
+
+# the CUDA tests beside the pilots (their own 4 processes)
+[ "${TESTS_BOX:-90}" -gt 0 ] && step tests "${TESTS_BOX:-90}" python3 -m pytest -p no:cacheprovider -q -n 4 \
+  tests/test_stacked.py tests/test_speed_paths.py &
+
+# the pilots, at once: CIFAR-10 CNN (n_train 2048 and 8192, C1 2-32, lr 0.05/0.02/0.01), MNIST CNN (n_train 1024 and
+# 4096, C1 1-16, the same ladder) and MNIST ViT (n_train 1024 and 4096, dims 8-64, weight decay 0.01 and 0); 20% noise,
+# seeds 0-1, 300-epoch caps. The CIFAR-10 pilot has half the worker processes.
+PILOT=$W/pilot
+MNIST=(dataset.root="$DATA/mnist_16384_2000.npz")
+step pilot "${PILOT_BOX:-260}" python3 -m src.sweep double_descent_cnn_cifar10 scale=pilot "${CIFAR[@]}" "${GPU[@]}" \
+  "${EXTRA[@]}" "${PILOT_EXTRA[@]}" "hydra.sweep.dir=$PILOT" &
+if [ "${MNIST_PILOTS:-1}" = 1 ]; then
+  step pilot_mnist_cnn "${PILOT_BOX:-260}" python3 -m src.sweep double_descent_cnn scale=pilot "${MNIST[@]}" "${GPU[@]}" \
+    hydra.launcher.n_procs=4 "hydra.sweep.dir=$W/pilot_mnist_cnn" &
+  step pilot_mnist_vit "${PILOT_BOX:-260}" python3 -m src.sweep double_descent_vit scale=pilot "${MNIST[@]}" "${GPU[@]}" \
+    hydra.launcher.n_procs=4 "hydra.sweep.dir=$W/pilot_mnist_vit" &
+fi
+wait
+if ! ls "$PILOT"/*/summary.json >/dev/null 2>&1; then  # stacking broke on CUDA: one job a process
+  GPU+=(hydra.launcher.stack=never hydra.launcher.n_procs=14)
+  step pilot_unstacked "${PILOT_BOX:-260}" python3 -m src.sweep double_descent_cnn_cifar10 scale=pilot "${CIFAR[@]}" \
+    "${GPU[@]}" "${EXTRA[@]}" "${PILOT_EXTRA[@]}" "hydra.sweep.dir=$PILOT"
+fi
+for p in pilot pilot_mnist_cnn pilot_mnist_vit; do
+  [ -d "$W/$p" ] && python3 -m analysis.design plan "$W/$p" --out "$LOG/${p}_plan.md" >/dev/null 2>>"$LOG/plan.err"
+done
+sed -n '/lr rule/,$p' "$LOG/pilot_plan.md" | head -60
+MAIN=$(python3 -m analysis.design plan "$PILOT" --target 6 2>>"$LOG/plan.err")
+MAIN=${MAIN:-optimizer.lr=0.02 dataset.n_train=8192 model.width=choice(2,3,4,6,8,12,16,24,32) seed=choice(0,1,2)}
+echo "== main run overrides: $MAIN"
+read -r -a MAINARGS <<<"$MAIN"
+
+# the main run, both stop arms at once (one sweep dir each), 0 and 20% noise
+half=$(( $(left) - 35 ))
+for arm in converge fixed; do
+  extra=(); [ $arm = fixed ] && extra=(trainer.converge_epochs=null)
+  step "main_$arm" "$half" python3 -m src.sweep double_descent_cnn_cifar10 "${CIFAR[@]}" "${GPU[@]}" "${MAINARGS[@]}" \
+    "${extra[@]}" "${EXTRA[@]}" trainer.max_epochs="$MAIN_EPOCHS" 'label_noise=choice(none,p20)' \
+    hydra.sweeper.n_trials=999 hydra.sweeper.n_jobs=999 \
+    hydra.sweeper.study_name=dd_cifar10_main_$arm "hydra.sweep.dir=$W/main_$arm" &
+done
+wait
+for arm in converge fixed; do
+  python3 -m analysis.design test "$W/main_$arm" --pilot "$PILOT" --out "$LOG/test_$arm.md" >/dev/null 2>&1
+  cat "$LOG/test_$arm.md" 2>/dev/null
+done
+# records without checkpoints (summaries, metrics, configs, Optuna storages): the analysis reads them as they are
+tar -czf "$OUT/records.tar.gz" -C "$W" --exclude=checkpoint.pt --exclude='*.prev' --exclude=logs . 2>/dev/null
+tar -czf "$OUT/logs.tar.gz" -C "$W" logs
+ls -la "$OUT"
+echo "total $((SECONDS - T0)) s"

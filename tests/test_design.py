@@ -1,0 +1,116 @@
+"""analysis.design on hand-written pilots whose threshold, collapses, spread and peak are known."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis import design, load_runs
+from tests.test_analysis import write_run
+
+WIDTHS = [1, 2, 3, 4, 6, 8, 12, 16, 32]
+BUMP = 0.12
+
+
+def cnn_config(seed, width, lr, n_train, noise=0.2):
+    return {"seed": seed, "dataset": {"name": "cifar10", "n_train": n_train},
+            "model": {"_target_": "src.models.cnn.WidthCNN", "width": width},
+            "optimizer": {"lr": lr}, "label_noise": {"p": noise}, "trainer": {"max_epochs": 300}}
+
+
+def curve(width, t):
+    """Train error falls to 0 at the threshold ``t``; test error falls 0.05 a doubling, with a bump of 0.12 at ``t``."""
+    train = 0.0 if width >= t else 0.3 * (1 - width / t) + 0.02
+    test = 0.7 - 0.05 * np.log2(width) + (BUMP if width == t else 0.0)
+    return train, test
+
+
+def write_pilot(root, collapse_at=None, sizes=(2048, 8192), lrs=(0.05, 0.02, 0.01), seeds=(0, 1), noise_sd=0.01):
+    """A pilot grid; threshold 3 at n 2048 and 8 at n 8192. ``collapse_at``: {(lr, width)} whose runs collapse."""
+    rng = np.random.default_rng(0)
+    num = 0
+    for n in sizes:
+        t = 3 if n == 2048 else 8
+        for lr in lrs:
+            for w in WIDTHS:
+                for s in seeds:
+                    train, test = curve(w, t)
+                    extra = {"chance_train_error": 0.9, "best_train_error": train}
+                    if collapse_at and (lr, w) in collapse_at:
+                        train, test = 0.9, 0.9
+                    write_run(root, num, cnn_config(s, w, lr, n),
+                              {"status": "completed", "stop_reason": "converged", "train_error": train,
+                               "test_error": test + rng.normal(0, noise_sd), **extra})
+                    num += 1
+    return root
+
+
+def test_thresholds_per_size_and_lr_count_the_underfitting_widths_below(tmp_path):
+    df = load_runs(write_pilot(tmp_path))
+    th = design.thresholds(df)
+    assert set(th["threshold"]) == {3.0, 8.0}
+    row = th[(th["dataset.n_train"] == 8192) & (th["optimizer.lr"] == 0.02)].iloc[0]
+    assert row["underfit_below"] == 5  # 1, 2, 3, 4, 6
+    assert design.thresholds(df[df["dataset.n_train"] == 2048])["underfit_below"].eq(2).all()
+
+
+def test_the_lr_rule_takes_the_largest_lr_with_no_collapse_at_its_threshold_widths(tmp_path):
+    # lr 0.05 collapses at C1 = 6 (next to the n-8192 threshold 8); 0.02 collapses at C1 = 32 only, far from it
+    df = load_runs(write_pilot(tmp_path, collapse_at={(0.05, 6), (0.02, 32)}))
+    lr, table = design.choose_lr(df)
+    assert lr == 0.02
+    assert table.set_index("optimizer.lr").loc[0.05, "flagged"] == 4  # 2 seeds x 2 sizes at C1 = 6
+    assert not table.set_index("optimizer.lr").loc[0.05, "stable"]
+
+
+def test_no_lr_is_chosen_when_every_rung_collapses(tmp_path):
+    df = load_runs(write_pilot(tmp_path, collapse_at={(lr, 4) for lr in (0.05, 0.02, 0.01)}))
+    assert design.choose_lr(df)[0] is None
+
+
+def test_the_contrast_sd_and_the_smallest_detectable_peak(tmp_path):
+    df = load_runs(write_pilot(tmp_path, seeds=tuple(range(6)), noise_sd=0.02, lrs=(0.02,)))
+    sp = design.spread(df)
+    # each contrast is x_t - x_side of independent draws with sd 0.02: sd 0.02 * sqrt(2)
+    assert sp.contrast_sd == pytest.approx(0.02 * np.sqrt(2), rel=0.35)
+    assert sp.dof == 2 * 2 * 5  # 2 curves x 2 contrasts x (6 seeds - 1)
+    assert design.mde(0.02, 4) > design.mde(0.02, 8)
+    assert design.mde(0.02, 1) != design.mde(0.02, 1)  # NaN: one seed has no spread
+
+
+def test_the_main_run_is_chosen_by_the_declared_rules(tmp_path):
+    p = design.plan([str(write_pilot(tmp_path))], tol=0.01, seeds=[3, 4], effect=0.05)
+    m = design.choose_main(p, target=6)
+    assert m["n_train"] == 8192  # threshold 8 is closer to 6 (log scale) than 3, and leaves 5 underfit widths
+    assert m["grid"][:2] == [3, 4] and 8 in m["grid"] and 5 in m["grid"] and 6 in m["grid"] and m["grid"][-1] == 64
+    assert m["seeds"] == 3  # spread 0.01: three seeds already detect 0.05
+    over = design.main_overrides(m, p["lr"])
+    assert over[0] == "optimizer.lr=0.05" and "dataset.n_train=8192" in over and over[-1] == "seed=choice(0,1,2)"
+
+
+def test_a_real_peak_at_the_threshold_is_reproduced_and_a_flat_curve_with_power_is_not(tmp_path):
+    df = load_runs(write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
+    (test,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)
+    assert (test.threshold, test.left, test.right) == (8.0, 4.0, 16.0)
+    assert test.vs_left == pytest.approx(BUMP - 0.05, abs=0.02) and test.vs_right == pytest.approx(BUMP + 0.05, abs=0.02)
+    assert test.height == test.vs_left and test.verdict == "reproduced"
+    # the same curve without the bump falls monotonically: above its right neighbour, below its left: no peak
+    flat = df.assign(test_error=np.where(df["model.width"] == 8, df["test_error"] - BUMP, df["test_error"]))
+    (test,) = design.peak_tests(flat, pilot_sd=0.015, effect=0.05)
+    assert test.p_value > 0.05 and test.mde < 0.05 and test.verdict == "not reproduced"
+    (test,) = design.peak_tests(flat, pilot_sd=0.2, effect=0.05)
+    assert test.verdict.startswith("inconclusive") and "more seeds" in test.verdict
+
+
+def test_a_collapse_at_a_tested_width_makes_the_verdict_inconclusive(tmp_path):
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.05,), sizes=(8192,), collapse_at={(0.05, 16)}))
+    (test,) = design.peak_tests(df, pilot_sd=0.01, effect=0.05)
+    assert test.flagged_runs == 3 and test.verdict.startswith("inconclusive (3 collapsed")
+
+
+def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):
+    write_pilot(tmp_path, collapse_at={(0.05, 8)})
+    assert design.main(["plan", str(tmp_path), "--seeds", "3,6"]) == 0
+    out = capsys.readouterr().out
+    assert "Chosen lr: **0.02**" in out and "| 6 |" in out
+    assert design.main(["plan", str(tmp_path), "--target", "6"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["optimizer.lr=0.02", "dataset.n_train=8192"]
