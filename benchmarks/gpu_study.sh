@@ -19,6 +19,9 @@ DEADLINE=${DEADLINE:-550}   # seconds from start by which every step has ended a
 PROCS=${PROCS:-8}           # launcher worker processes sharing the GPU
 LOG=$W/logs  # step logs and the design tables, packed into $OUT/logs.tar.gz (a call returns at most 8 files)
 mkdir -p "$OUT" "$W" "$LOG"
+# several worker processes share the GPU: without MPS the GPU time-slices between their contexts, and a small
+# model's step (a sync or two) then waits out the others' slices (measured: 50-65 ms a step with 16 processes)
+[ "${MPS:-1}" = 1 ] && nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS daemon started"
 if [ -d .whl ] && ! python3 -c "import hydra, optuna" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
@@ -76,7 +79,7 @@ for p in pilot pilot_mnist_cnn pilot_mnist_vit; do
   [ -d "$W/$p" ] && python3 -m analysis.design plan "$W/$p" --out "$LOG/${p}_plan.md" >/dev/null 2>>"$LOG/plan.err"
 done
 sed -n '/lr rule/,$p' "$LOG/pilot_plan.md" | head -60
-MAIN=$(python3 -m analysis.design plan "$PILOT" --target 6 2>>"$LOG/plan.err")
+MAIN=$(python3 -m analysis.design plan "$PILOT" --target 6 2>>"$LOG/plan.err" | tail -n 1)
 MAIN=${MAIN:-optimizer.lr=0.02 dataset.n_train=8192 model.width=choice(2,3,4,6,8,12,16,24,32) seed=choice(0,1,2)}
 echo "== main run overrides: $MAIN"
 read -r -a MAINARGS <<<"$MAIN"
@@ -96,7 +99,10 @@ for arm in converge fixed; do
   cat "$LOG/test_$arm.md" 2>/dev/null
 done
 # records without checkpoints (summaries, metrics, configs, Optuna storages): the analysis reads them as they are
-tar -czf "$OUT/records.tar.gz" -C "$W" --exclude=checkpoint.pt --exclude='*.prev' --exclude=logs . 2>/dev/null
+for d in "$W"/*/; do  # one archive per sweep (a call returns files of at most 16 MiB)
+  d=$(basename "$d"); [ "$d" = logs ] && continue
+  tar -czf "$OUT/records_$d.tar.gz" -C "$W" --exclude=checkpoint.pt --exclude='*.prev' --exclude=.launcher "$d" 2>/dev/null
+done
 tar -czf "$OUT/logs.tar.gz" -C "$W" logs
 ls -la "$OUT"
 echo "total $((SECONDS - T0)) s"

@@ -200,6 +200,25 @@ def test_a_resumed_study_with_a_changed_recipe_fails_before_any_trial_naming_the
     assert len(load(tmp_path).trials) == 4
 
 
+def test_a_grid_study_resumed_with_another_grid_is_refused_and_its_own_grid_still_finishes(tmp_path):
+    """Found on a lent GPU: a pilot grid (2 sizes) resumed with one size crashed inside Optuna mid-claim ("'600' not
+    in (300,)"), and the study it left could no longer be resumed with its own grid ("All parameters must be
+    specified when using GridSampler with enqueue_trial"). A changed grid is now refused before the study is
+    touched, naming the parameter; the study's own command still finishes every point once."""
+    grid = ["hydra/sweeper/sampler=grid", "x=choice(0,1)", "y=choice(0,1)"]
+    sweep(tmp_path, *grid, "hydra.sweeper.n_trials=2")
+    for changed, named in [(["x=choice(0,1)", "y=choice(0)"], "y: [0, 1] -> [0]"),
+                           (["x=choice(0,1)", "y=choice(0,1,2)"], "y: [0, 1] -> [0, 1, 2]"),
+                           (["x=choice(0,1)"], "y: [0, 1] -> (not swept)")]:
+        proc = sweep(tmp_path, "hydra/sweeper/sampler=grid", *changed, "hydra.sweeper.n_trials=4", check=False)
+        assert proc.returncode != 0 and named in proc.stderr and "hydra.sweeper.study_name" in proc.stderr, \
+            (changed, proc.stderr[-2000:])
+    assert len(load(tmp_path).trials) == 2
+    sweep(tmp_path, *grid, "hydra.sweeper.n_trials=4")
+    study = load(tmp_path)
+    assert sorted((t.params["x"], t.params["y"]) for t in study.trials) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 def test_a_changed_key_that_only_some_presets_set_still_fails_the_resume(tmp_path):
     """Found resuming heads_depth (2026-11-25): a key that any preset set (the CNN preset's optimizer.lr) was left
     out of the recorded recipe for every trial, so changing it on the command line resumed the study and silently

@@ -200,6 +200,7 @@ class SweeperImpl:
                     f"not {self.directions}; use another hydra.sweeper.study_name"
                 )
             self._check_recipe(study_id)
+            self._check_grid(study_id)
         except KeyError:
             n_existing = 0
         node = OmegaConf.to_container(self.sampler_node)
@@ -220,8 +221,11 @@ class SweeperImpl:
             self._grid_order(study, node.get("seed"))
         if self.worker_id == 0:
             study.set_user_attr("fixed_overrides", self.fixed)
-            if st.RECIPE_ATTR not in self.storage.get_study_system_attrs(study._study_id):
+            attrs = self.storage.get_study_system_attrs(study._study_id)
+            if st.RECIPE_ATTR not in attrs:
                 self.storage.set_study_system_attr(study._study_id, st.RECIPE_ATTR, self._recipe())
+            if self.is_grid and st.GRID_ATTR not in attrs:
+                self.storage.set_study_system_attr(study._study_id, st.GRID_ATTR, self.grid)
         return study
 
     def _recipe(self, trials: list | None = None, version: int = st.RECIPE_VERSION) -> dict[str, Any]:
@@ -273,6 +277,25 @@ class SweeperImpl:
                 "recipe, so resuming it would mix two experiments:\n  " + "\n  ".join(diff)
                 + "\nfix: restore those values to finish the study, or start a new one (another "
                 "hydra.sweeper.study_name, or study_name: null for a new auto-named study on every run)")
+
+    def _check_grid(self, study_id: int) -> None:
+        """A grid study resumes only with its own grid: its points so far were claimed from that grid, so another
+        would run some points twice or never, and Optuna cannot place its earlier trials in it (found resuming a
+        pilot with one of its two sizes). Refused before the study is touched."""
+        saved = self.storage.get_study_system_attrs(study_id).get(st.GRID_ATTR)
+        if saved is None or not self.is_grid:  # a study started before the grid was recorded, or another sampler
+            return
+
+        def show(values):
+            return "(not swept)" if values is None else "[" + ", ".join(map(str, values)) + "]"
+        diff = [f"{k}: {show(saved.get(k))} -> {show(self.grid.get(k))}" for k in sorted(saved.keys() | self.grid.keys())
+                if saved.get(k) != self.grid.get(k)]
+        if diff:
+            raise ValueError(
+                f"hydra.sweeper.params: grid study {self.name!r} in {sto.safe(self.url)} was started with another "
+                "grid, so resuming it would run some points twice or never:\n  " + "\n  ".join(diff)
+                + "\nfix: restore the grid to finish the study, or start a new one (another hydra.sweeper.study_name "
+                "or hydra.sweep.dir)")
 
     def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
         """The study's grid order comes from the seed it was started with: every later process keeps it."""
