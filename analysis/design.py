@@ -14,14 +14,18 @@ an lr ladder, two seeds) and prints, per training-set size and lr:
   declared statistic below, pooled over the pilot's curves;
 - the **smallest detectable peak** for k seeds (``mde``), and a suggested main grid around the threshold.
 
-The declared statistic of a peak (``peak_contrast``): per seed, the test error at the threshold width T minus the
-test error at its left neighbour (the nearest grid width at most T/2) and minus that at its right neighbour (the
-nearest at least 2T); seeds share their data subset and noisy labels across widths, so both contrasts are paired.
+The declared statistic of a peak (``peak_contrast``): per seed, the test error at the tested width W minus the
+test error at its left neighbour (the nearest grid width at most W/2) and minus that at its right neighbour (the
+nearest at least 2W); seeds share their data subset and noisy labels across widths, so both contrasts are paired.
 A peak stands above both: the test is the intersection-union test of two one-sided paired t-tests over seeds
-("T above left" and "T above right", each at level ``alpha`` = 0.05; its p is the larger p), and the peak's
-``height`` is the smaller mean contrast. A curve that only bends (falls slower at T) is not a peak. T comes from
-train errors only, so the widths tested are fixed without looking at any test error. The power figure uses the
-pooled seed sd of both contrasts.
+("W above left" and "W above right", each at level ``alpha`` = 0.05; its p is the larger p), and the peak's
+``height`` is the smaller mean contrast. A curve that only bends (falls slower at W) is not a peak.
+
+W is the **critical width** (``center='critical'``): the widest grid width below the threshold, the model that
+just fails to fit its labels, where Nakkiran et al.'s peak sits (their critical regime: the model can barely fit
+the training set); ``center='threshold'`` tests at T itself and is reported as a sensitivity check. W comes from the
+main run's train errors only, so the widths tested are fixed without looking at any test error. The power figure
+uses the pooled seed sd of both contrasts, measured the same way on the pilot.
 
 ``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
@@ -91,6 +95,24 @@ def thresholds(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) ->
                      "underfit_below": len(below), "grid": ",".join(f"{w:g}" for w in grid),
                      "runs": len(c), "flagged": int(_flagged(c).sum())})
     return pd.DataFrame(rows)
+
+
+def critical(c: pd.DataFrame, width: str, tol: float) -> float:
+    """The widest grid width below the threshold whose mean train error (unflagged runs) is above ``tol``: the
+    width that just fails to fit its labels (NaN without a threshold or with nothing below it)."""
+    t = threshold(c, width, tol)
+    below = [w for w in sorted(c[width].unique()) if np.isfinite(t) and w < t]
+    return float(below[-1]) if below else np.nan
+
+
+def center(c: pd.DataFrame, width: str, tol: float, rule: str) -> float:
+    """The width a peak is tested at: ``critical`` (the declared rule) or ``threshold`` (a sensitivity check)."""
+    if rule not in CENTERS:
+        raise ValueError(f"center={rule!r}: choose one of {CENTERS}")
+    return critical(c, width, tol) if rule == "critical" else threshold(c, width, tol)
+
+
+CENTERS = ("critical", "threshold")
 
 
 def collapse_table(df: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
@@ -163,7 +185,7 @@ class Spread:
     curves: int
 
 
-def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> Spread:
+def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: str = "critical") -> Spread:
     """Seed spread of the pilot's curves (unflagged runs): of the contrast at each curve's threshold, and of a
     single width's test error, both pooled (sum of squares over degrees of freedom)."""
     width = width or width_column(df)
@@ -175,7 +197,7 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> Spr
             if g["test_error"].count() > 1:
                 ss_w += g["test_error"].var() * (g["test_error"].count() - 1)
                 dof_w += g["test_error"].count() - 1
-        t = threshold(c, width, tol)
+        t = center(c, width, tol, rule)
         if not np.isfinite(t):
             continue
         d, _ = peak_contrast(c, width, t)
@@ -204,7 +226,7 @@ def suggest_grid(t: float, ladder: tuple = LADDER, below: int = 2) -> list[float
 @dataclass
 class PeakTest:
     curve: str
-    threshold: float
+    center: float  # the width tested (the critical width, or the threshold)
     left: float | None
     right: float | None
     seeds: int
@@ -233,7 +255,7 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
 
 
 def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
-               tol: float = 0.01, alpha: float = ALPHA) -> list[PeakTest]:
+               tol: float = 0.01, alpha: float = ALPHA, rule: str = "critical") -> list[PeakTest]:
     """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict."""
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
@@ -242,7 +264,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     out = []
     for key, c in df.groupby(keys, dropna=False, sort=True):
         name = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
-        t = threshold(c, width, tol)
+        t = center(c, width, tol, rule)
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
         flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
@@ -293,14 +315,19 @@ def main_overrides(m: dict, lr: float | None) -> list[str]:
     return out
 
 
-def plan(paths: list[str], tol: float, seeds: list[int], effect: float) -> dict:
+def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: str = "critical") -> dict:
     df = load_runs(paths)
     width = width_column(df)
     lr, lr_table = choose_lr(df, width, tol) if LR in curve_keys(df) else (None, pd.DataFrame())
     at = df if lr is None else df[np.isclose(df[LR].astype(float), lr)]
-    sp = spread(at, width, tol)
+    sp = spread(at, width, tol, rule)
     th = thresholds(at, width, tol)
-    return {"width": width, "lr": lr, "lr_table": lr_table, "thresholds": th, "all_thresholds": thresholds(df, width, tol),
+    keys = [*curve_keys(df), NOISE, width]
+    done = completed_only(df, "plan")
+    curves = (done.groupby(keys, dropna=False).agg(runs=("train_error", "size"), train_mean=("train_error", "mean"),
+                                                    test_mean=("test_error", "mean"), test_sd=("test_error", "std"))
+              .reset_index())
+    return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th, "all_thresholds": thresholds(df, width, tol),
             "collapses": collapse_table(df, width), "spread": sp,
             "mde": {k: mde(sp.contrast_sd, k) for k in seeds}, "effect": effect,
             "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
@@ -325,12 +352,15 @@ def plan_markdown(p: dict) -> str:
     lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
     lines += [f"- {k}: {', '.join(f'{w:g}' for w in g) or 'no threshold in the pilot grid'}"
               for k, g in p["grids"].items()]
+    lines += ["", "### Pilot curves (observations, finished runs: the declared test runs on the main run's seeds)", "",
+              to_markdown(p["curves"])]
     return "\n".join(lines) + "\n"
 
 
-def tests_markdown(tests: list[PeakTest], pilot: Spread) -> str:
+def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical") -> str:
     rows = pd.DataFrame([asdict(t) for t in tests])
-    return ("## Declared test: paired contrast of the threshold width against its neighbours (one-sided t)\n\n"
+    return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
+            "intersection-union)\n\n"
             f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof).\n\n" + to_markdown(rows) + "\n")
 
 
@@ -347,12 +377,14 @@ def main(argv: list[str] | None = None) -> int:
     p_test.add_argument("paths", nargs="+")
     p_test.add_argument("--pilot", nargs="+", required=True, help="the pilot's sweep dirs (its spread gives power)")
     for p in (p_plan, p_test):
+        p.add_argument("--center", choices=CENTERS, default="critical",
+                       help="the width a peak is tested at (critical: the declared rule; threshold: sensitivity)")
         p.add_argument("--tol", type=float, default=0.01, help="train error counted as interpolating")
         p.add_argument("--effect", type=float, default=0.05, help="the published peak, as a test-error contrast")
         p.add_argument("--out", help="also write the Markdown here")
     a = ap.parse_args(argv)
     if a.cmd == "plan":
-        p = plan(a.paths, a.tol, [int(s) for s in a.seeds.split(",")], a.effect)
+        p = plan(a.paths, a.tol, [int(s) for s in a.seeds.split(",")], a.effect, a.center)
         if a.target is not None:
             m = choose_main(p, a.target)
             if not m:
@@ -369,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         pilot = load_runs(a.pilot)
         lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)
         pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
-        sp = spread(pilot, tol=a.tol)
-        text = tests_markdown(peak_tests(load_runs(a.paths), sp.contrast_sd, a.effect, tol=a.tol), sp)
+        sp = spread(pilot, tol=a.tol, rule=a.center)
+        text = tests_markdown(peak_tests(load_runs(a.paths), sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp,
+                              a.center)
     print(text)
     if a.out:
         from pathlib import Path

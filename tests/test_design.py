@@ -18,9 +18,11 @@ def cnn_config(seed, width, lr, n_train, noise=0.2):
 
 
 def curve(width, t):
-    """Train error falls to 0 at the threshold ``t``; test error falls 0.05 a doubling, with a bump of 0.12 at ``t``."""
+    """Train error falls to 0 at the threshold ``t``; test error falls 0.05 a doubling, with a bump of 0.12 at the
+    critical width (the grid width just below ``t``)."""
     train = 0.0 if width >= t else 0.3 * (1 - width / t) + 0.02
-    test = 0.7 - 0.05 * np.log2(width) + (BUMP if width == t else 0.0)
+    crit = max(w for w in WIDTHS if w < t)
+    test = 0.7 - 0.05 * np.log2(width) + (BUMP if width == crit else 0.0)
     return train, test
 
 
@@ -90,19 +92,27 @@ def test_the_main_run_is_chosen_by_the_declared_rules(tmp_path):
 def test_a_real_peak_at_the_threshold_is_reproduced_and_a_flat_curve_with_power_is_not(tmp_path):
     df = load_runs(write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
     (test,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)
-    assert (test.threshold, test.left, test.right) == (8.0, 4.0, 16.0)
+    assert (test.center, test.left, test.right) == (6.0, 3.0, 12.0)  # threshold 8: the critical width is 6
     assert test.vs_left == pytest.approx(BUMP - 0.05, abs=0.02) and test.vs_right == pytest.approx(BUMP + 0.05, abs=0.02)
     assert test.height == test.vs_left and test.verdict == "reproduced"
     # the same curve without the bump falls monotonically: above its right neighbour, below its left: no peak
-    flat = df.assign(test_error=np.where(df["model.width"] == 8, df["test_error"] - BUMP, df["test_error"]))
+    flat = df.assign(test_error=np.where(df["model.width"] == 6, df["test_error"] - BUMP, df["test_error"]))
     (test,) = design.peak_tests(flat, pilot_sd=0.015, effect=0.05)
     assert test.p_value > 0.05 and test.mde < 0.05 and test.verdict == "not reproduced"
     (test,) = design.peak_tests(flat, pilot_sd=0.2, effect=0.05)
     assert test.verdict.startswith("inconclusive") and "more seeds" in test.verdict
 
 
+def test_the_threshold_centred_test_is_a_separate_sensitivity_check(tmp_path):
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
+    (test,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05, rule="threshold")
+    assert (test.center, test.left, test.right) == (8.0, 4.0, 16.0) and test.verdict != "reproduced"
+    with pytest.raises(ValueError, match="center='middle'"):
+        design.peak_tests(df, pilot_sd=0.015, effect=0.05, rule="middle")
+
+
 def test_a_collapse_at_a_tested_width_makes_the_verdict_inconclusive(tmp_path):
-    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.05,), sizes=(8192,), collapse_at={(0.05, 16)}))
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.05,), sizes=(8192,), collapse_at={(0.05, 12)}))
     (test,) = design.peak_tests(df, pilot_sd=0.01, effect=0.05)
     assert test.flagged_runs == 3 and test.verdict.startswith("inconclusive (3 collapsed")
 
@@ -114,3 +124,21 @@ def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):
     assert "Chosen lr: **0.02**" in out and "| 6 |" in out
     assert design.main(["plan", str(tmp_path), "--target", "6"]) == 0
     assert capsys.readouterr().out.split()[:2] == ["optimizer.lr=0.02", "dataset.n_train=8192"]
+
+
+def test_compact_records_keep_what_the_analysis_reads_with_paths_made_relative(tmp_path):
+    from analysis.records import copy_records
+
+    src = tmp_path / "sweep"
+    run = write_run(src, 0, {**cnn_config(0, 4, 0.05, 2048), "dataset": {"root": "/machine/data/x.npz"}},
+                    {"status": "completed", "train_error": 0.0, "test_error": 0.5,
+                     "study_storage": "sqlite:////machine/sweep/optuna.db"}, metrics=[{"epoch": 1}])
+    (run / "checkpoint.pt").write_bytes(b"weights")
+    (run / "train.log").write_text("log")
+    written = copy_records(src, tmp_path / "records", {"/machine/data/": "../shared/data/", "/machine/": ""})
+    names = sorted(p.relative_to(tmp_path / "records").as_posix() for p in written)
+    assert names == ["0/.hydra/config.yaml", "0/.hydra/overrides.yaml", "0/metrics.jsonl", "0/summary.json"]
+    df = load_runs(tmp_path / "records")
+    assert df.loc[0, "dataset.root"] == "../shared/data/x.npz" and df.loc[0, "test_error"] == 0.5
+    with pytest.raises(SystemExit, match="never overwritten"):
+        copy_records(src, tmp_path / "records")

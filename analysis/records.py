@@ -1,0 +1,81 @@
+"""``python -m analysis.records SRC DST [--replace OLD=NEW ...]``: a study's compact records, to commit beside its
+report.
+
+From every run dir under SRC it copies what the analysis reads (``summary.json``, ``metrics.jsonl``,
+``.hydra/config.yaml``, ``.hydra/overrides.yaml``) and the sweep's Optuna storage (``optuna.db``), never
+checkpoints or logs, keeping the folder layout. Each ``--replace`` rewrites a path prefix in the text records (an
+absolute ``dataset.root`` or sweep dir of the machine that ran it becomes one relative to the repository, so the
+records read the same on any clone). A file that already exists in DST is never overwritten: records are moved
+aside by hand, not replaced by a second copy.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+RUN_FILES = ("summary.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")
+SWEEP_FILES = ("optuna.db",)
+
+
+def _is_record(path: Path) -> bool:
+    if path.name in SWEEP_FILES:
+        return True
+    run = path.parent.parent if path.parent.name == ".hydra" else path.parent
+    return any(path == run / f for f in RUN_FILES)
+
+
+ATTR_TABLES = ("trial_user_attributes", "trial_system_attributes", "study_user_attributes",
+               "study_system_attributes")
+
+
+def _replace_in_storage(db: Path, replace: dict[str, str]) -> None:
+    """Rewrite path prefixes inside an Optuna SQLite storage's attribute values (run dirs, storage URLs)."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        for table in ATTR_TABLES:
+            if table in tables:
+                for old, new in replace.items():
+                    con.execute(f"UPDATE {table} SET value_json = replace(value_json, ?, ?)", (old, new))
+
+
+def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | None = None) -> list[Path]:
+    """Copy the records under ``src`` into ``dst`` (see the module docstring); returns the files written."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise SystemExit(f"{src}: no such sweep or run folder")
+    replace = replace or {}
+    written = []
+    for path in sorted(p for p in src.rglob("*") if p.is_file() and _is_record(p)):
+        out = dst / path.relative_to(src)
+        if out.exists():
+            raise SystemExit(f"{out} exists: records are never overwritten (move the old folder aside first)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".db":
+            shutil.copy2(path, out)
+            _replace_in_storage(out, replace)
+        else:
+            text = path.read_text()
+            for old, new in replace.items():
+                text = text.replace(old, new)
+            out.write_text(text)
+        written.append(out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m analysis.records", description=__doc__.split("\n\n")[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--replace", action="append", default=[], metavar="OLD=NEW",
+                    help="rewrite a path prefix in the text records (repeatable)")
+    a = ap.parse_args(argv)
+    pairs = dict(r.split("=", 1) for r in a.replace)
+    files = copy_records(a.src, a.dst, pairs)
+    print(f"{a.dst}: {len(files)} files from {a.src}")
+
+
+if __name__ == "__main__":
+    main()
