@@ -327,7 +327,7 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
     curves = (done.groupby(keys, dropna=False).agg(runs=("train_error", "size"), train_mean=("train_error", "mean"),
                                                     test_mean=("test_error", "mean"), test_sd=("test_error", "std"))
               .reset_index())
-    return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th, "all_thresholds": thresholds(df, width, tol),
+    return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th,
             "collapses": collapse_table(df, width), "spread": sp,
             "mde": {k: mde(sp.contrast_sd, k) for k in seeds}, "effect": effect,
             "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])

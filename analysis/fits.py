@@ -191,6 +191,36 @@ def _offset_fit(sizes, means, boot, p0, label) -> dict:
     return out
 
 
+def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[str] | str | None = None,
+                       tol: float = 0.01, train: str = "train_error") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The declared fit-range rule of a learning curve: the paper fits "in the overfitting regime" (004, 4.2), the
+    regime where the model interpolates its training set (4.1). A size enters a group's fit only when every run of
+    the group at that size ended with train error at most ``tol`` and none is flagged stalled or collapsed; the
+    range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would mix regimes).
+
+    Reads train errors only, never the test error being fitted. Returns (the rows inside the range, one row per
+    (group, size) with ``runs``, ``max_train_error``, ``flagged`` and ``in_range``)."""
+    by = [by] if isinstance(by, str) else list(by or [])
+    require_columns(df, x, train, *by)
+    flagged = pd.Series(False, index=df.index)
+    for f in ("stalled", "collapsed"):
+        if f in df.columns:
+            flagged |= df[f].fillna(False).astype(bool)
+    d = df.assign(_flag=flagged)
+    keys = [*by, x]
+    table = (d.groupby(keys, dropna=False)
+             .agg(runs=(train, "size"), max_train_error=(train, "max"), flagged=("_flag", "sum")).reset_index())
+    table["passes"] = (table["max_train_error"] <= tol) & (table["flagged"] == 0)
+    table["in_range"] = False
+    for _, g in table.groupby(by, dropna=False) if by else [((), table)]:
+        for i in g.sort_values(x, ascending=False).index:
+            if not table.at[i, "passes"]:
+                break
+            table.at[i, "in_range"] = True
+    keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner")
+    return keep.drop(columns="_flag"), table.drop(columns="passes")
+
+
 def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "test_error",
                        by: list[str] | str | None = None, seed_col: str | None = "seed", n_boot: int = 1000,
                        offset: bool = False, status: str | None = "completed", seed: int = 0,

@@ -1,6 +1,8 @@
 """analysis.design on hand-written pilots whose threshold, collapses, spread and peak are known."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -93,7 +95,8 @@ def test_a_real_peak_at_the_threshold_is_reproduced_and_a_flat_curve_with_power_
     df = load_runs(write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
     (test,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)
     assert (test.center, test.left, test.right) == (6.0, 3.0, 12.0)  # threshold 8: the critical width is 6
-    assert test.vs_left == pytest.approx(BUMP - 0.05, abs=0.02) and test.vs_right == pytest.approx(BUMP + 0.05, abs=0.02)
+    assert test.vs_left == pytest.approx(BUMP - 0.05, abs=0.02)
+    assert test.vs_right == pytest.approx(BUMP + 0.05, abs=0.02)
     assert test.height == test.vs_left and test.verdict == "reproduced"
     # the same curve without the bump falls monotonically: above its right neighbour, below its left: no peak
     flat = df.assign(test_error=np.where(df["model.width"] == 6, df["test_error"] - BUMP, df["test_error"]))
@@ -142,3 +145,43 @@ def test_compact_records_keep_what_the_analysis_reads_with_paths_made_relative(t
     assert df.loc[0, "dataset.root"] == "../shared/data/x.npz" and df.loc[0, "test_error"] == 0.5
     with pytest.raises(SystemExit, match="never overwritten"):
         copy_records(src, tmp_path / "records")
+
+
+def test_the_declared_fit_range_keeps_only_sizes_where_every_seed_interpolated():
+    import pandas as pd
+
+    from analysis.fits import overfitting_regime
+
+    rows = []
+    for n, trains in [(128, [0.0, 0.89]), (256, [0.0, 0.0]), (512, [0.02, 0.0]), (1024, [0.0, 0.0]),
+                      (2048, [0.0, 0.005])]:
+        for seed, tr in enumerate(trains):
+            rows.append({"arch": "a", "dataset.n_train": n, "seed": seed, "train_error": tr, "test_error": 0.1,
+                         "stalled": tr > 0.5})
+    kept, table = overfitting_regime(pd.DataFrame(rows), by="arch")
+    assert sorted(kept["dataset.n_train"].unique()) == [1024, 2048]  # 512 fails (2%), so 256 below it is cut too
+    assert table.set_index("dataset.n_train").loc[128, "flagged"] == 1
+
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ROOT / "docs" / "studies"
+
+
+@pytest.mark.parametrize("study, dirs", [
+    ("double_descent_cnn", ["pilot_gpu"]), ("double_descent_vit", ["pilot_gpu"]),
+    ("double_descent_cnn_cifar10", ["pilot_gpu", "pilot_gpu_threshold"])])
+def test_each_pilot_table_regenerates_from_its_committed_records(study, dirs, tmp_path):
+    records = STUDIES / study / "records"
+    out = tmp_path / "plan.md"
+    design.main(["plan", *[str(records / d) for d in dirs], "--out", str(out)])
+    assert out.read_text() == (records / "pilot_plan.md").read_text()
+
+
+def test_the_heads_depth_declared_analysis_regenerates_from_its_committed_records():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("orderings", STUDIES / "heads_depth" / "orderings.py")
+    orderings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orderings)
+    text = orderings.declared(str(STUDIES / "heads_depth" / "state"))
+    assert text == (STUDIES / "heads_depth" / "declared.md").read_text()

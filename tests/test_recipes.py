@@ -139,7 +139,8 @@ def test_every_scale_keeps_the_paper_recipe(name):
                 continue
             if key in ARM_KEYS and key not in paper.hydra.sweeper.params:
                 own = OmegaConf.select(paper, key)
-                assert is_size(key) or any(same(own, c) for c in choices(expr)), f"scale {scale}: {key}={expr} lacks the recipe's {own}"
+                assert is_size(key) or any(same(own, c) for c in choices(expr)), \
+                    f"scale {scale}: {key}={expr} lacks the recipe's {own}"
                 continue
             assert key in paper.hydra.sweeper.params, f"scale {scale} sweeps {key}, which `paper` does not"
             assert choices(expr) <= choices(paper.hydra.sweeper.params[key]), f"scale {scale}: {key}={expr}"

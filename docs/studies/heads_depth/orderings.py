@@ -1,6 +1,11 @@
 """The published orderings of the learning-curve study (EPFL study 4.2), tested on heads_depth's runs.
 
-    python docs/studies/heads_depth/orderings.py /work/studies/heads_depth docs/studies/heads_depth
+    python docs/studies/heads_depth/orderings.py docs/studies/heads_depth/state docs/studies/heads_depth
+    python docs/studies/heads_depth/orderings.py docs/studies/heads_depth/state docs/studies/heads_depth --declared
+
+The second form applies the declared fit-range rule (issue 26; ``analysis.fits.overfitting_regime``: a size enters
+an architecture's fit only when every seed there interpolated its training set, train error <= 1%, none stalled)
+and writes ``declared.md``: the range per architecture, alpha per architecture and the slope orderings on it.
 
 Writes ``tables/alpha_by_arch.csv`` (alpha per architecture, 95% t-interval over per-seed slopes),
 ``tables/error_by_arch.csv`` (test error per architecture and size over seeds) and ``tables/orderings.csv`` (each
@@ -17,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
+from analysis.fits import overfitting_regime
 
 PUBLISHED_ALPHA = -0.53  # both basic blocks on MNIST (4.2.1, fig. 12a)
 # (name, a, b, what the paper says): slope orderings test alpha(a) - alpha(b) < 0 (a steeper)
@@ -113,7 +119,57 @@ def main(sweep_dir: str, out_dir: str) -> None:
           f"run wall time of the runs that left chance {np.sum(runs['wall_s']) / 60:.1f} min")
 
 
+def slope_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for what, a, b in SLOPES:
+        try:
+            d = slope_difference(runs, "arch", a, b)
+        except ValueError as e:
+            rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})", "result": f"n/a: {e}", "holds": ""})
+            continue
+        holds = "yes" if d["hi"] < 0 else ("no (reversed)" if d["lo"] > 0 else "not resolved (interval spans 0)")
+        rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})",
+                     "result": f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] ({d['alpha_a']:.3f} vs "
+                               f"{d['alpha_b']:.3f}; {d['n_a']} and {d['n_b']} seeds, "
+                               f"n {d['sizes'][0]}..{d['sizes'][-1]})",
+                     "holds": holds})
+    return pd.DataFrame(rows)
+
+
+def declared(sweep_dir: str) -> str:
+    """The declared analysis as Markdown (see the module docstring)."""
+    runs = load_runs(sweep_dir, optuna_state=False)
+    runs = runs[runs["status"] == "completed"].copy()
+    runs["arch"] = runs.apply(arch_of, axis=1)
+    kept, table = overfitting_regime(runs, by="arch")
+    ranges = (table.groupby("arch").apply(lambda g: ", ".join(str(n) for n in g.loc[g.in_range, "dataset.n_train"]),
+                                          include_groups=False).rename("sizes fitted").reset_index())
+    out = table[~table["in_range"]][["arch", "dataset.n_train", "runs", "max_train_error", "flagged"]]
+    fits = fit_learning_curve(kept, by="arch", n_boot=0, errors="skip")
+    fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+    cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "x_min", "x_max", "contains_published"]
+    return "\n".join([
+        "# heads_depth: the declared fit range (issue 26)", "",
+        "Rule, declared before it was applied: the paper fits \"in the overfitting regime\" (4.2), the regime where",
+        "the model interpolates its training set (4.1). A size enters an architecture's fit only when every seed there",
+        "ended with train error <= 1% and none stalled or collapsed; the range runs from the largest size down to the",
+        "first that fails (`analysis.fits.overfitting_regime`; it reads train errors only). Regenerate:",
+        "`python docs/studies/heads_depth/orderings.py docs/studies/heads_depth/state docs/studies/heads_depth "
+        "--declared`.", "",
+        "## Range per architecture", "", to_markdown(ranges), "",
+        "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",
+        "## alpha per architecture on the declared range (95% t-interval over per-seed slopes)", "",
+        to_markdown(fits[cols].round(3)), "",
+        "## Slope orderings on the declared range (Welch 95% interval of the difference)", "",
+        to_markdown(slope_rows(kept)), ""])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) == 4 and sys.argv[3] == "--declared":
+        text = declared(sys.argv[1])
+        (Path(sys.argv[2]) / "declared.md").write_text(text)
+        print(text)
+    elif len(sys.argv) == 3:
+        main(sys.argv[1], sys.argv[2])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
