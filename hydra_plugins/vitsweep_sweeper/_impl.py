@@ -288,8 +288,8 @@ class SweeperImpl:
 
         def show(values):
             return "(not swept)" if values is None else "[" + ", ".join(map(str, values)) + "]"
-        keys = sorted(saved.keys() | self.grid.keys())
-        diff = [f"{k}: {show(saved.get(k))} -> {show(self.grid.get(k))}" for k in keys if saved.get(k) != self.grid.get(k)]
+        changed = [k for k in sorted(saved.keys() | self.grid.keys()) if saved.get(k) != self.grid.get(k)]
+        diff = [f"{k}: {show(saved.get(k))} -> {show(self.grid.get(k))}" for k in changed]
         if diff:
             raise ValueError(
                 f"hydra.sweeper.params: grid study {self.name!r} in {sto.safe(self.url)} was started with another "
