@@ -69,10 +69,12 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
 
 def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) -> Path:
     """Log-log points and fitted lines; alpha with its CI in the legend. A point is the geometric mean over seeds
-    (the quantity the fit uses), its bar one standard deviation of the log error (``gmean * exp(+-log_std)``)."""
+    (the quantity the fit uses), its bar one standard deviation of the log error (``gmean * exp(+-log_std)``); the
+    small dots are the seeds' own runs. An offset model whose floor misses its points (``offset_ok`` false: a floor
+    above a measured mean, or at zero) is drawn grey and labelled rejected, with the reason."""
     x, y, by = fits.attrs["x"], fits.attrs["y"], fits.attrs["by"]
     points = curve_points(df[df["status"] == "completed"] if "status" in df else df, x, y, by)
-    fig, ax = plt.subplots(figsize=(6.5, 4.8))
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
     for i, fit in enumerate(fits.to_dict("records")):
         key = tuple(fit[k] for k in by) if by else ()
         sel = np.ones(len(points), bool)
@@ -82,18 +84,26 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
         color = f"C{i % 10}"
         g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
         ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt="o", color=color, capsize=3)
+        seeds = _seed_points(df, by, key) if by else df[df["status"] == "completed"] if "status" in df else df
+        if seeds is not None and len(seeds):
+            ax.plot(seeds[x], seeds[y], ".", color=color, alpha=0.4, ms=4, label=f"_seeds {i}")
         n = np.geomspace(fit["x_min"], fit["x_max"], 50)
         ci = f" [{fit['alpha_lo']:.3f}, {fit['alpha_hi']:.3f}]" if np.isfinite(fit["alpha_lo"]) else ""
         name = group_label(by, key) if by else "fit"
         ax.plot(n, fit["prefactor"] * n ** fit["alpha"], "-", color=color,
                 label=f"{name}: α={fit['alpha']:.3f}{ci}")
         if np.isfinite(fit.get("offset", np.nan)):
-            ax.plot(n, fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"], ":", color=color,
-                    label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
+            curve = fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"]
+            if fit.get("offset_ok", True):
+                ax.plot(n, curve, ":", color=color,
+                        label=f"{name}: offset model α={fit['offset_alpha']:.3f}, c={fit['offset']:.3g}")
+            else:  # a fit that misses its own points is shown as such, not as a result
+                why = "floor above its points" if "above" in str(fit.get("offset_note", "")) else "floor at 0"
+                ax.plot(n, curve, ":", color="0.6", lw=0.8, label=f"{name}: offset model rejected ({why})")
     ax.set(xscale="log", yscale="log", xlabel=f"{x} (log)", ylabel=f"{y} (log)",
-           title="learning curves: geometric mean over seeds, ×/÷ log-space std;\npower-law fits")
+           title="learning curves: geometric mean over seeds, ×/÷ log-space std, dots: seeds;\npower-law fits")
     ax.xaxis.set_minor_formatter(mticker.NullFormatter())  # minor labels on a log axis overlap
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # below the axes: it hides no point
     return save_figure(fig, out)
 
 
@@ -101,25 +111,45 @@ TRAIN_LINES = (("train", "-", "labels trained on"), ("train_clean", "--", "clean
                ("train_noisy_subset", ":", "flipped images, noisy labels"))
 
 
-def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path) -> Path:
-    """Train and test error against width, one colour per noise level (band = std over seeds).
+def _seed_points(runs: pd.DataFrame | None, keys: list[str], key) -> pd.DataFrame | None:
+    """The completed runs of one curve (its group ``key`` over ``keys``), for drawing each seed's point."""
+    if runs is None:
+        return None
+    key = key if isinstance(key, tuple) else (key,)
+    sel = runs["status"] == "completed" if "status" in runs else pd.Series(True, index=runs.index)
+    for k, v in zip(keys, key, strict=True):
+        sel &= (runs[k] == v) | (runs[k].isna() & pd.isna(v))
+    return runs[sel]
+
+
+def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out: str | Path,
+                        runs: pd.DataFrame | None = None) -> Path:
+    """Train and test error against width, one colour per noise level: the mean over seeds, a band of one std
+    clipped to [0, 100]% (an error rate cannot leave it), and, given the ``runs``, every seed's own point.
 
     The train panel draws the error against the labels trained on (solid) and, when the runs recorded
     them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
     Peaks that stand above the seed spread get a black cross, bumps within noise (or made of stalled runs) a grey
     circle; points that average in stalled seeds (train error at chance) a hollow square on both panels."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
+    keys = [*by, noise]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for i, (label, c) in enumerate(_groups(curves, [*by, noise])):
+    groups = [(group_label(keys, k), k, g) for k, g in curves.groupby(keys, dropna=False, sort=True)]
+    for i, (label, key, c) in enumerate(groups):
         color = f"C{i % 10}"
         c = c.sort_values(width)
+        seeds = _seed_points(runs, keys, key)
+        if seeds is not None and len(seeds):
+            for ax, col in ((axes[0], "train_error"), (axes[1], "test_error")):
+                ax.plot(seeds[width], 100 * seeds[col], ".", color=color, alpha=0.45, ms=4, label=f"_seeds {label}")
         lines = [(axes[0], *t) for t in TRAIN_LINES if f"{t[0]}_mean" in c and c[f"{t[0]}_mean"].notna().any()]
         for ax, col, style, what in [*lines, (axes[1], "test", "-", "")]:
             m, s = c[f"{col}_mean"].to_numpy(float), c[f"{col}_std"].fillna(0).to_numpy(float)
             name = f"{label} ({what})" if what and len(lines) > 1 else label
             ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
             if style == "-":
-                ax.fill_between(c[width], 100 * (m - s), 100 * (m + s), color=color, alpha=0.2)
+                ax.fill_between(c[width], 100 * np.clip(m - s, 0, 1), 100 * np.clip(m + s, 0, 1), color=color,
+                                alpha=0.15)
         if "n_stalled" in c and (c["n_stalled"] > 0).any():  # points that average in runs stuck at chance
             st = c[c["n_stalled"] > 0]
             for ax, col in ((axes[0], "train"), (axes[1], "test")):
@@ -140,12 +170,13 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             if sel.any():
                 axes[1].plot(peaks.loc[sel, "peak_width"], 100 * peaks.loc[sel, "peak_test_error"], "o", ms=9,
                              mfc="none", color="0.5", label=label)
-    titles = {"train": "train error vs width (mean ± std over seeds)",
-              "test": "test error vs width (mean ± std over seeds)"}
+    spread = "mean, ± std clipped to [0, 100]%" + (", dots: seeds" if runs is not None else "")
+    titles = {"train": f"train error vs width\n({spread})", "test": f"test error vs width\n({spread})"}
     widths = sorted(curves[width].dropna().unique())
     widths = widths[:: -(-len(widths) // 12)]  # at most about 12 labelled ticks
     for ax, split in zip(axes, ("train", "test"), strict=True):
-        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)", title=titles[split])
+        ax.set(xscale="log", xlabel=f"{width} (log)", ylabel=f"{split} error (%)")
+        ax.set_title(titles[split], fontsize=9)
         ax.set_xticks(widths, [f"{w:g}" for w in widths], fontsize=7)
         ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.legend(fontsize=7, handlelength=3.5)

@@ -162,9 +162,44 @@ def _group_fit(table: pd.DataFrame, n_boot: int, offset: bool, rng: np.random.Ge
     return out
 
 
+FLOOR_AT_ZERO = 1e-6  # an offset below this share of the smallest mean error is no floor: the plain power law
+
+
+def offset_verdict(offset: float, sizes: np.ndarray, means: np.ndarray) -> tuple[bool, str]:
+    """Whether an offset fit describes its own points: its floor ``offset`` must lie below every measured mean (a
+    floor above a point misses it) and above ``FLOOR_AT_ZERO`` of the smallest (else the model degenerates to the
+    plain power law, and its alpha is not the asymptotic slope it claims to be)."""
+    if not np.isfinite(offset):
+        return False, "no offset fit"
+    i = int(np.argmin(means))
+    if offset >= means[i]:
+        return False, f"floor {offset:.3g} above the measured mean {means[i]:.3g} at {sizes[i]:g}"
+    if offset < FLOOR_AT_ZERO * means[i]:
+        return False, f"floor {offset:.2g} at zero: the offset model reduces to the plain power law"
+    return True, ""
+
+
+def check_offset(fits: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """``fits`` (from :func:`fit_learning_curve` with ``offset=True``) with ``offset_ok`` and ``offset_note`` set
+    again from the runs in ``df``: use it after editing a fit, or on fits read back from a table."""
+    x, y, by = fits.attrs.get("x", "dataset.n_train"), fits.attrs.get("y", "test_error"), fits.attrs.get("by", [])
+    out = fits.copy()
+    for i, row in out.iterrows():
+        g = df
+        for k in by:
+            g = g[g[k] == row[k]]
+        g = g[g["status"] == "completed"] if "status" in g else g
+        means = g.groupby(x)[y].mean()
+        out.loc[i, ["offset_ok", "offset_note"]] = offset_verdict(row["offset"], means.index.to_numpy(float),
+                                                                   means.to_numpy(float))
+    out["offset_ok"] = out["offset_ok"].astype(bool)
+    return out
+
+
 def _offset_fit(sizes, means, boot, p0, label) -> dict:
     out = dict.fromkeys(["offset_prefactor", "offset_alpha", "offset", "offset_alpha_lo",
                          "offset_alpha_hi", "offset_lo", "offset_hi"], np.nan)
+    out["offset_ok"], out["offset_note"] = False, "no offset fit"
     if len(sizes) < 4:
         warnings.warn(f"{label}: the offset model has 3 parameters and needs >= 4 sizes", stacklevel=4)
         return out
@@ -173,6 +208,7 @@ def _offset_fit(sizes, means, boot, p0, label) -> dict:
     except RuntimeError as e:
         warnings.warn(f"{label}: offset fit did not converge ({e})", stacklevel=4)
         return out
+    out["offset_ok"], out["offset_note"] = offset_verdict(out["offset"], sizes, means)
     if boot is None:
         return out
     fits = []

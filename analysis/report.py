@@ -192,7 +192,9 @@ def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot:
             f"geometric mean over seeds (n = `{x}`, images trained on); alpha_lo/alpha_hi: 95% t-interval over "
             "the per-seed slopes (`ci_method` names the fallback used with fewer than 2 complete seeds). "
             "The offset model `a · n^alpha + c` is fitted when there are >= 4 sizes; its `_lo`/`_hi` columns are "
-            "a percentile bootstrap over seeds, too narrow with 3-4 seeds: a sensitivity check only.", "")
+            "a percentile bootstrap over seeds, too narrow with 3-4 seeds: a sensitivity check only; "
+            "`offset_ok` is false (and the figure greys the curve out) when its floor misses its own points "
+            "(`offset_note`: above a measured mean, or at zero).", "")
     stalled = runs["stalled"].fillna(False).astype(bool) if "stalled" in runs else pd.Series(False, runs.index)
     _fit_and_draw(rep, runs, x, by, n_boot, "")
     if stalled.any():  # stalled runs are results, in the curve above; this shows what leaving them out would change
@@ -235,7 +237,7 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
             "on clean labels (dashed) and on the flipped images (dotted) when the runs recorded them.", "")
     rep.table(summary, "double_descent_summary")
     rep.table(curves, "double_descent_curves")
-    rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png"),
+    rep.figure(figures.plot_double_descent(curves, summary, rep.out / "figures" / "double_descent.png", runs=runs),
                "double descent")
     if "n_stalled" in curves and curves["n_stalled"].sum() > 0:  # they are in the curves above, flagged
         kept = runs[~runs["stalled"].fillna(False).astype(bool)]
@@ -251,7 +253,7 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
         summary2 = descent_summary(curves2, tol=tol)
         rep.table(summary2, "double_descent_summary_without_stalled")
         rep.figure(figures.plot_double_descent(curves2, summary2,
-                                               rep.out / "figures" / "double_descent_without_stalled.png"),
+                                               rep.out / "figures" / "double_descent_without_stalled.png", runs=kept),
                    "double descent without stalled runs")
 
 

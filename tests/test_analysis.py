@@ -795,3 +795,52 @@ def test_a_moved_sweep_folder_finds_its_optuna_storage_beside_its_runs(tmp_path)
     runs = load_runs(sweep).sort_values("trial_number")
     assert list(runs["optuna_state"]) == ["COMPLETE"] * 3 + ["PRUNED"] * 2
     assert not (tmp_path / "gone").exists()  # reading never creates the recorded path
+
+
+def _captured_figure(monkeypatch):
+    """Keep the figure a plot function saves, to read what it drew."""
+    import analysis.figures as figures
+
+    kept = {}
+    orig = figures.save_figure
+
+    def keep(fig, out):
+        kept["fig"] = fig
+        fig.canvas.draw()
+        return orig(fig, out)
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return kept
+
+
+def test_the_double_descent_figure_draws_every_seed_and_no_band_below_zero(tmp_path, monkeypatch):
+    from analysis.figures import plot_double_descent
+
+    runs = load_runs(double_descent_sweep(tmp_path / "runs"))
+    runs.loc[runs.index[:3], "train_error"] = [0.0, 0.3, 0.0]  # mean 0.1, sd 0.17: mean - sd < 0
+    curves = descent_curves(runs)
+    kept = _captured_figure(monkeypatch)
+    plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png", runs=runs)
+    train_ax, test_ax = kept["fig"].axes
+    for ax in (train_ax, test_ax):
+        seeds = [line for line in ax.get_lines() if line.get_label().startswith("_seeds")]
+        assert sum(len(line.get_xdata()) for line in seeds) == len(runs)  # one point per run
+        for band in ax.collections:
+            for path in band.get_paths():
+                assert path.vertices[:, 1].min() >= -1e-9  # an error rate never goes below 0
+
+
+def test_an_offset_fit_whose_floor_misses_its_points_is_flagged_and_not_drawn_as_a_result(tmp_path, monkeypatch):
+    from analysis.figures import plot_learning_curves
+
+    runs = load_runs(power_law_sweep(tmp_path / "ok", a=3.0, c=0.05, noise=0.02, rng=1))
+    assert fit_learning_curve(runs, offset=True, n_boot=50).iloc[0]["offset_ok"]
+    fit = fit_learning_curve(runs, offset=True, n_boot=50)
+    fit.loc[0, "offset"] = 10 * runs["test_error"].min()  # a floor above a measured point
+    from analysis.fits import check_offset
+    checked = check_offset(fit, runs)
+    assert not checked.iloc[0]["offset_ok"] and "floor" in checked.iloc[0]["offset_note"]
+    checked.attrs.update(fit.attrs)
+    kept = _captured_figure(monkeypatch)
+    plot_learning_curves(runs, checked, tmp_path / "lc.png")
+    labels = [line.get_label() for line in kept["fig"].axes[0].get_lines()]
+    assert any("offset model rejected" in s for s in labels) and not any(s.startswith("fit: offset model α") for s in labels)
