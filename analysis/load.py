@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from src import run_contract as contract  # the run directory's flag rules, shared with the trainer
+
 PathLike = str | Path
 _EXPECTED = (
     "expected a Hydra output folder holding run directories, i.e. folders with "
@@ -185,12 +187,6 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     return df
 
 
-STALLED_MARGIN = 0.01  # the trainer's default trainer.stalled_margin (src.stop_rules.StopRules)
-# a finished run whose train error ended this far or more above the lowest it reached collapsed (e.g. a loss spike
-# killed its ReLUs): it did not end as a learned model. An unstable run that still learned rises less (CIFAR-10
-# C1 = 3 at 20% noise: 0.32)
-COLLAPSE_RISE = 0.5  # src.stop_rules.COLLAPSE_RISE (not imported: the analysis reads records without src)
-MIN_CHANCE_ERROR = 0.5  # src.stop_rules.MIN_CHANCE_ERROR: below it (one class a majority) neither chance rule applies
 
 
 def result_flags(df: pd.DataFrame) -> pd.DataFrame:
@@ -216,19 +212,19 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     recorded = df["stalled"] if "stalled" in df else pd.Series(None, index=df.index, dtype=object)
     stalled = recorded.where(recorded.notna(), reason == "stalled").astype(bool)
     collapsed = pd.Series(False, index=df.index)
-    if "chance_train_error" in df and "train_error" in df:  # the trainer's tests (src.stop_rules), not imported: the
-        # analysis reads run records without the project's training code; they hold for finished runs only
+    if "chance_train_error" in df and "train_error" in df:  # the run directory's contract (src.run_contract, the
+        # trainer's own rules); they hold for finished runs only
         chance = pd.to_numeric(df["chance_train_error"], errors="coerce")
         final = pd.to_numeric(df["train_error"], errors="coerce")
-        applies = (chance >= MIN_CHANCE_ERROR) & (df["status"] == "completed")
+        finished = df["status"] == "completed"
         # a null trainer.stalled_margin (the stop rule off) reads as NaN here, so it gets the default too: this
         # column says the run ended at chance, which holds whatever the stop rule was told
         raw = df["trainer.stalled_margin"] if "trainer.stalled_margin" in df else pd.Series(None, index=df.index)
-        margin = pd.to_numeric(raw, errors="coerce").fillna(STALLED_MARGIN)
-        stalled |= (applies & (final >= chance - margin)).fillna(False).astype(bool)
+        margin = pd.to_numeric(raw, errors="coerce").fillna(contract.STALLED_MARGIN)
+        stalled |= (finished & contract.at_chance(final, chance, margin)).fillna(False).astype(bool)
         if "min_train_error" in df:
-            rise = final - pd.to_numeric(df["min_train_error"], errors="coerce")
-            collapsed = (applies & (rise >= COLLAPSE_RISE)).fillna(False).astype(bool)
+            lowest = pd.to_numeric(df["min_train_error"], errors="coerce")
+            collapsed = (finished & contract.collapsed(final, lowest, chance)).fillna(False).astype(bool)
     df["collapsed"] = collapsed
     stalled |= collapsed
     df["stalled"] = stalled

@@ -6,7 +6,8 @@ From every run dir under SRC it copies what the analysis reads (``summary.json``
 checkpoints or logs, keeping the folder layout. Each ``--replace`` rewrites a path prefix in the text records (an
 absolute ``dataset.root`` or sweep dir of the machine that ran it becomes one relative to the repository, so the
 records read the same on any clone). A file that already exists in DST is never overwritten: records are moved
-aside by hand, not replaced by a second copy.
+aside by hand, not replaced by a second copy. ``python -m analysis.records DIR --in-place --replace OLD=NEW``
+rewrites the paths of records already committed.
 """
 from __future__ import annotations
 
@@ -65,14 +66,44 @@ def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | Non
     return written
 
 
+def rewrite_paths(root: str | Path, replace: dict[str, str]) -> list[Path]:
+    """Rewrite path prefixes in place in the records already under ``root`` (its text records, hydra.yaml too, and
+    its Optuna storages); returns the files that changed. Longer prefixes are replaced first."""
+    order = dict(sorted(replace.items(), key=lambda kv: -len(kv[0])))
+    changed = []
+    for path in sorted(Path(root).rglob("*")):
+        if not path.is_file():
+            continue
+        if path.name in SWEEP_FILES:
+            before = path.read_bytes()
+            _replace_in_storage(path, order)
+            if path.read_bytes() != before:
+                changed.append(path)
+        elif path.suffix in (".yaml", ".json", ".jsonl"):
+            text = path.read_text()
+            new = text
+            for old, rel in order.items():
+                new = new.replace(old, rel)
+            if new != text:
+                path.write_text(new)
+                changed.append(path)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m analysis.records", description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
-    ap.add_argument("dst")
+    ap.add_argument("dst", nargs="?", help="where to copy the records (omit with --in-place)")
+    ap.add_argument("--in-place", action="store_true", help="rewrite the paths of the records under SRC in place")
     ap.add_argument("--replace", action="append", default=[], metavar="OLD=NEW",
                     help="rewrite a path prefix in the text records (repeatable)")
     a = ap.parse_args(argv)
     pairs = dict(r.split("=", 1) for r in a.replace)
+    if a.in_place:
+        print(f"{a.src}: {len(rewrite_paths(a.src, pairs))} files rewritten")
+        return
+    if not a.dst:
+        ap.error("give DST, or --in-place")
     files = copy_records(a.src, a.dst, pairs)
     print(f"{a.dst}: {len(files)} files from {a.src}")
 

@@ -1,4 +1,4 @@
-"""The run directory: the contract between training and analysis (schema in the README).
+"""The run directory: the contract between training and analysis (schema in docs/run_dir.md).
 
 ``metrics.jsonl`` gets one JSON object per evaluation, appended and flushed line by line;
 ``summary.json`` is written at the end (atomically, so a file that exists is complete);

@@ -12,13 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from src import run_contract
+from src.run_contract import COLLAPSE_RISE, MIN_CHANCE_ERROR, STALLED_MARGIN  # noqa: F401 (re-exported)
+
 LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # may be raised on resume to train longer
-# a finished run whose train error ended this far or more above the lowest it reached collapsed: it did not end as a
-# learned model (the trainer's summary and analysis.load.result_flags, which repeats the number, flag it stalled)
-COLLAPSE_RISE = 0.5
-# the chance rules (stalled at chance, collapsed) hold where always predicting the commonest label is wrong at least
-# this often: on a 2%-positive binary set "chance" is a 0.02 train error, which a weighted model that learned exceeds
-MIN_CHANCE_ERROR = 0.5
 FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
 
 
@@ -48,12 +45,12 @@ class StopRules:
     converge_tol: float = 0.0
     eval_every: int = 1
     chance_error: float | None = None  # train error of always predicting the commonest training label
-    stalled_margin: float | None = 0.01  # None: never call a run stalled at chance (a collapse still is)
+    stalled_margin: float | None = STALLED_MARGIN  # None: never call a run stalled at chance (a collapse still is)
     history: list[tuple[int, float]] = field(default_factory=list)  # (epoch, train error) per evaluation
 
     @classmethod
     def from_config(cls, t: Mapping[str, Any], chance_error: float | None = None) -> StopRules:
-        margin = t.get("stalled_margin", 0.01)
+        margin = t.get("stalled_margin", STALLED_MARGIN)
         return cls(max_epochs=t.get("max_epochs"), max_steps=t.get("max_steps"), max_wall_s=t.get("max_wall_s"),
                    converge_epochs=t.get("converge_epochs"), converge_tol=float(t.get("converge_tol") or 0.0),
                    eval_every=int(t.get("eval_every") or 1), chance_error=chance_error,
@@ -82,14 +79,14 @@ class StopRules:
     def chance_rules_apply(self) -> bool:
         """Whether chance means "did not learn" here: always predicting the commonest label is wrong at least
         ``MIN_CHANCE_ERROR`` of the time (not on a set where one class is a majority)."""
-        return self.chance_error is not None and self.chance_error >= MIN_CHANCE_ERROR
+        return self.chance_error is not None and bool(run_contract.chance_rules_apply(self.chance_error))
 
     def at_chance(self, train_error: float) -> bool:
         """True when ``train_error`` is within ``stalled_margin`` of always predicting the commonest label (never
         where that label is a majority: ``chance_rules_apply``)."""
-        if not self.chance_rules_apply() or self.stalled_margin is None:
+        if self.chance_error is None or self.stalled_margin is None:
             return False
-        return train_error >= self.chance_error - self.stalled_margin
+        return bool(run_contract.at_chance(train_error, self.chance_error, self.stalled_margin))
 
     def lowest_error(self) -> float | None:
         """The lowest train error of the run's evaluations so far (None before the first)."""
@@ -98,8 +95,8 @@ class StopRules:
     def collapsed(self) -> bool:
         """The latest train error is ``COLLAPSE_RISE`` or more above the lowest the run reached: it lost what it had
         learned (e.g. a loss spike killed its ReLUs). Not where one class is a majority (``chance_rules_apply``)."""
-        return (self.chance_rules_apply() and bool(self.history)
-                and self.history[-1][1] - self.lowest_error() >= COLLAPSE_RISE)
+        return (self.chance_error is not None and bool(self.history)
+                and bool(run_contract.collapsed(self.history[-1][1], self.lowest_error(), self.chance_error)))
 
     def converged(self) -> bool:
         if not self.converge_epochs or not self.history:

@@ -126,7 +126,7 @@ def last_lr(state: RunState) -> float:
 
 
 def evaluation_row(state: RunState, epoch_images: int, epoch_time: float, final: bool = False) -> dict[str, Any]:
-    """The per-evaluation row of ``metrics.jsonl`` (schema in the README's run-dir contract): train and val
+    """The per-evaluation row of ``metrics.jsonl`` (schema in docs/run_dir.md): train and val
     metrics at every evaluation, test metrics when ``test_due`` (``final``: the run stops after this one)."""
     row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "lr": last_lr(state)}
     share = batchnorm_start_share(state.model, state.step)

@@ -356,15 +356,29 @@ def test_double_descent_clean_and_noisy_train_errors_drawn_when_recorded(tmp_pat
     assert any("clean labels" in s for s in labels) and any("flipped images" in s for s in labels)
 
 
-def test_analysis_imports_nothing_from_src():
-    """analysis/ reads run dirs and Optuna storages only (the attention tool lives in src.attention)."""
+def test_analysis_imports_nothing_from_src_but_the_run_dir_contract():
+    """analysis/ reads run dirs and Optuna storages only (the attention tool lives in src.attention); it shares the
+    run directory's flag rules with the trainer through src.run_contract, which imports nothing heavy."""
     import ast
 
     for path in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            assert not any(n == "src" or n.startswith("src.") for n in names), f"{path.name} imports {names}"
+            allowed = {"src.run_contract"} | ({"src"} if isinstance(node, ast.ImportFrom) and
+                                              [a.name for a in node.names] == ["run_contract"] else set())
+            assert not any((n == "src" or n.startswith("src.")) and n not in allowed for n in names), \
+                f"{path.name} imports {names}"
+
+
+def test_the_run_contract_imports_only_the_standard_library():
+    import ast
+
+    path = Path(__file__).resolve().parents[1] / "src" / "run_contract.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            assert all(n in ("__future__", "typing") for n in names), names
 
 
 def test_report_table_shows_every_group_of_a_study_grid(tmp_path):

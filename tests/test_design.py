@@ -185,3 +185,28 @@ def test_the_heads_depth_declared_analysis_regenerates_from_its_committed_record
     spec.loader.exec_module(orderings)
     text = orderings.declared(str(STUDIES / "heads_depth" / "state"))
     assert text == (STUDIES / "heads_depth" / "declared.md").read_text()
+
+
+def test_committed_records_hold_no_absolute_machine_paths():
+    """Records read the same on any clone: no path of the machine that ran them (issue 26)."""
+    import re
+
+    bad = re.compile(r"(/work/|/tmp/|/root/)")
+    offenders = [p for p in STUDIES.rglob("*") if p.is_file() and p.suffix in (".yaml", ".json", ".jsonl")
+                 and ("records" in p.parts or "state" in p.parts or "state_threshold" in p.parts)
+                 and bad.search(p.read_text())]
+    assert offenders == [], offenders[:5]
+
+
+@pytest.mark.parametrize("study, dirs", [
+    ("heads_depth", ["state"]), ("double_descent_cnn_cifar10", ["state", "state_threshold"])])
+def test_each_committed_analysis_regenerates_from_its_records(study, dirs, tmp_path, monkeypatch):
+    """The report's tables (Markdown and CSV; figures aside) come back the same from the committed records."""
+    from analysis.report import make_report
+
+    monkeypatch.chdir(ROOT)  # the records name their storage relative to the repository
+    committed = STUDIES / study / "analysis"
+    make_report([f"docs/studies/{study}/{d}" for d in dirs], tmp_path)
+    for table in sorted((committed / "tables").glob("*")):
+        assert (tmp_path / "tables" / table.name).read_text() == table.read_text(), table.name
+    assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()

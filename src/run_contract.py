@@ -1,0 +1,37 @@
+"""The run directory's contract: the flag rules every reader of a run's records shares (docs/run_dir.md has the
+files' schema).
+
+A finished run is flagged ``stalled`` when its train error ended at chance (within ``STALLED_MARGIN`` of always
+predicting the commonest label) and ``collapsed`` (also stalled) when it ended ``COLLAPSE_RISE`` or more above the
+lowest train error it reached; neither chance rule applies where one class is a majority (chance error below
+``MIN_CHANCE_ERROR``). The trainer (``src.stop_rules``) and the analysis (``analysis.load.result_flags``) both call
+these functions; this module imports nothing heavy, so it is the one part of ``src`` that ``analysis`` may import.
+The predicates take floats or pandas/numpy arrays alike (NaN compares false).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+STALLED_MARGIN = 0.01  # the default trainer.stalled_margin: a train error this close to chance is "at chance"
+# a finished run whose train error ended this far or more above the lowest it reached collapsed: it did not end as a
+# learned model (e.g. a loss spike killed its head's ReLUs); an unstable run that still learned rises less (CIFAR-10
+# C1 = 3 at 20% noise: 0.32)
+COLLAPSE_RISE = 0.5
+# the chance rules hold where always predicting the commonest label is wrong at least this often: on a 2%-positive
+# binary set "chance" is a 0.02 train error, which a weighted model that learned exceeds
+MIN_CHANCE_ERROR = 0.5
+
+
+def chance_rules_apply(chance_error: Any) -> Any:
+    """Whether the stalled and collapsed rules apply on a training set with this chance error."""
+    return chance_error >= MIN_CHANCE_ERROR
+
+
+def at_chance(train_error: Any, chance_error: Any, margin: Any = STALLED_MARGIN) -> Any:
+    """The train error is within ``margin`` of chance, on a set where the chance rules apply."""
+    return chance_rules_apply(chance_error) & (train_error >= chance_error - margin)
+
+
+def collapsed(final_error: Any, lowest_error: Any, chance_error: Any) -> Any:
+    """The run ended ``COLLAPSE_RISE`` or more above the lowest train error it reached, where the rules apply."""
+    return chance_rules_apply(chance_error) & (final_error - lowest_error >= COLLAPSE_RISE)
