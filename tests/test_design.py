@@ -79,6 +79,9 @@ def test_the_contrast_sd_and_the_smallest_detectable_peak(tmp_path):
     assert sp.dof == 2 * 2 * 5  # 2 curves x 2 contrasts x (6 seeds - 1)
     assert design.mde(0.02, 4) > design.mde(0.02, 8)
     assert design.mde(0.02, 1) != design.mde(0.02, 1)  # NaN: one seed has no spread
+    # both contrasts must be significant: each side gets power sqrt(0.8), so 4 seeds at sd 0.0294 detect 0.058
+    # (0.049 for a single one-sided test at power 0.8, the figure first used for the MNIST main run)
+    assert design.mde(0.0294, 4) == pytest.approx(0.0580, abs=5e-4)
 
 
 def test_the_main_run_is_chosen_by_the_declared_rules(tmp_path):
