@@ -1,6 +1,6 @@
 """Test error against width at fixed epochs of a double-descent sweep (the runs still training at that epoch).
 
-    python -m analysis.by_epoch /work/studies/double_descent_cnn \
+    python -m analysis.by_epoch outputs/sweeps/double_descent_cnn \
         --out docs/studies/double_descent_cnn/test_error_by_epoch
 
 The study's figures score each run where its train error stopped moving; this table shows the same runs at fixed

@@ -1,7 +1,7 @@
 """Step size of the width-parametrised CNN over widths: does one SGD step move the logits the same at every C1?
 
     python benchmarks/cnn_step_size.py                    # digits resized to 28 x 28 (no data needed)
-    python benchmarks/cnn_step_size.py --mnist /work/shared/data/mnist.npz --steps 200
+    python benchmarks/cnn_step_size.py --mnist ../shared/data/mnist.npz --steps 200
 
 For C1 = 1 ... 32 it prints one markdown row per width and parametrisation:
 
