@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.types import RunMode
+
 from src.checkpoint import atomic_write, flatten_config
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ def check_trackers(cfg: Mapping[str, Any]) -> None:
 def sweep_dir_of(hydra_cfg: Any) -> Path | None:
     """The sweep dir of a multirun job (its run dir less ``hydra.sweep.subdir``), None for a single run.
     ``hydra_cfg`` is ``HydraConfig.get()`` inside the job (where the subdir's interpolations resolve)."""
-    if str(hydra_cfg.mode) != "RunMode.MULTIRUN":
+    if hydra_cfg.mode != RunMode.MULTIRUN:
         return None
     depth = len(Path(str(hydra_cfg.sweep.subdir)).parts)
     return Path(hydra_cfg.runtime.output_dir).absolute().parents[depth - 1]
@@ -72,9 +74,10 @@ def flat_params(cfg: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
 
 
 def numbers(row: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric entries of an evaluation row (bools as 0/1), ``step`` left out (it is the x axis)."""
+    """The finite numbers of an evaluation row (bools as 0/1), ``step`` left out (it is the x axis); what
+    ``metrics.jsonl`` writes as null (a NaN, e.g. ``train_error_noisy_subset`` without label noise) is left out."""
     return {k: float(v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, str)}
+            if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 class TensorBoardTracker:
