@@ -125,7 +125,8 @@ class TensorBoardTracker:
 @contextlib.contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
     """Hold a lock beside a local SQLite store while it is created and its experiment looked up or made: a sweep's
-    worker processes start runs at once, and MLflow's table creation and ``create_experiment`` race."""
+    worker processes start runs at once, and MLflow's table creation and ``create_experiment`` race (two workers
+    of a study: one failed with ``table latest_metrics already exists``)."""
     if not uri.startswith("sqlite:///"):
         yield
         return
@@ -163,7 +164,9 @@ class MLflowTracker:
         path = Path(run_dir) / TRACKER_FILE
         record = json.loads(path.read_text()).get("mlflow", {}) if path.is_file() else {}
         uri = record.get("tracking_uri") or self._uri(Path(run_dir))  # a resumed run stays in its store
-        self.client = MlflowClient(tracking_uri=uri)
+        with _store_lock(uri):  # the client creates a new store's tables as it is made
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment_id = None if record.get("run_id") else self._experiment(tags)
         params = {k: str(v)[:MAX_PARAM_CHARS] for k, v in flat_params(cfg).items()}
         if record.get("run_id"):
             self.run_id = record["run_id"]
@@ -172,8 +175,6 @@ class MLflowTracker:
             self.seen_through = max((m.step for m in logged), default=-1)  # logged before a kill: not again
             params = {k: v for k, v in params.items() if k not in self.client.get_run(self.run_id).data.params}
         else:
-            with _store_lock(uri):
-                experiment_id = self._experiment(tags)
             run_tags = {"vitsweep.run_dir": str(Path(run_dir).absolute()),
                         **{f"vitsweep.{k}": str(v) for k, v in tags.items()}}
             name = f"trial-{tags['trial_number']}" if "trial_number" in tags else Path(run_dir).name

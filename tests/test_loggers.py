@@ -157,17 +157,22 @@ def test_an_unwritable_tracker_warns_once_and_the_run_completes(tiny_cfg, tmp_pa
     assert any(w.startswith("logger=tensorboard: start failed") for w in warnings)
 
 
-def test_a_stacked_sweep_logs_each_trial_as_its_own_run(tmp_path):
-    """Two trials of a vitsweep study trained as one stacked model by the vectorized launcher's worker: one MLflow
-    run per trial in the study's experiment, tagged with its trial, in the sweep dir's store; one event dir each."""
+@pytest.mark.parametrize("stack", ["always", "never"])
+def test_a_sweep_logs_each_trial_as_its_own_run(tmp_path, stack):
+    """Two trials of a vitsweep study on the vectorized launcher, as one stacked model in one worker or in two worker
+    processes starting at once (on one new SQLite store): one MLflow run per trial in the study's experiment,
+    tagged with its trial, in the sweep dir's store; one event dir each."""
     grid = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith("model.")], "trainer.max_epochs=2"]
     done = subprocess.run([sys.executable, "-m", "src.train", "-m", *grid, "seed=choice(0,1)", BOTH,
                            "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=2",
-                           "hydra.sweeper.study_name=s", "hydra/launcher=vectorized", "hydra.launcher.stack=always",
+                           "hydra.sweeper.study_name=s", "hydra/launcher=vectorized", "hydra.launcher.n_procs=2",
+                           f"hydra.launcher.stack={stack}",
                            f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "stacked in 1 group(s)" in done.stdout + done.stderr
+    assert ("stacked in 1 group(s)" in done.stdout + done.stderr) == (stack == "always")
+    logs = [done.stdout, done.stderr, *(p.read_text() for p in tmp_path.rglob("*.log"))]  # workers log to files
+    assert not any("src.trackers" in text for text in logs)  # no tracker warned
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("s")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
