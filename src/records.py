@@ -3,7 +3,8 @@
 ``metrics.jsonl`` gets one JSON object per evaluation, appended and flushed line by line;
 ``summary.json`` is written at the end (atomically, so a file that exists is complete);
 checkpoints are written by ``src.checkpoint`` (atomically too). Nothing here deletes a run's files:
-a resumed run cuts ``metrics.jsonl`` back to the rows its checkpoint had seen.
+a resumed run cuts ``metrics.jsonl`` back to the rows its checkpoint had seen. Rows and the summary also go
+to the run's experiment trackers (``src.trackers``, ``logger=``), which the summary closes.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from src.checkpoint import atomic_write, save_checkpoint
+from src.trackers import Trackers
 
 
 def _clean(value: Any) -> Any:
@@ -47,6 +49,11 @@ class RunRecorder:
         self.metrics_path = self.dir / "metrics.jsonl"
         self.metrics_path.touch()  # exists (maybe empty) from the start of every run
         self.rows = 0
+        self.trackers = Trackers()  # none until the trainer starts the configured ones (``track``)
+
+    def track(self, trackers: Trackers) -> None:
+        """Send every row and the summary to ``trackers`` as well, from now on."""
+        self.trackers = trackers
 
     def keep_rows(self, n: int) -> None:
         """Cut ``metrics.jsonl`` back to its first ``n`` rows (those a resumed checkpoint had seen)."""
@@ -64,10 +71,13 @@ class RunRecorder:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
             f.flush()
         self.rows += 1
+        self.trackers.log_metrics(row)
 
     def summary(self, summary: dict[str, Any]) -> None:
         text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2)
         atomic_write(self.dir / "summary.json", lambda f: f.write((text + "\n").encode()))
+        self.trackers.log_summary(summary)  # the end of this start of the run: its tracker runs end too
+        self.trackers.close()
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.dir, state)

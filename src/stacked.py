@@ -46,6 +46,7 @@ from src.trainer import (
     finish,
     prepare_resume,
     resume,
+    start_tracking,
     summarise,
 )
 from src.trial import Reporter
@@ -298,9 +299,11 @@ def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
 
 
 def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
-                  reporters: Sequence[Reporter | None] | None = None) -> list[dict | BaseException]:
-    """Train runs that ``plan_groups`` put together as one stacked model, each into its own run dir.
-    Returns per run its summary dict (as ``src.trainer.train``) or the exception that ended it."""
+                  reporters: Sequence[Reporter | None] | None = None,
+                  sweep_dir: str | Path | None = None) -> list[dict | BaseException]:
+    """Train runs that ``plan_groups`` put together as one stacked model, each into its own run dir (and its own
+    tracker run, ``logger=``; ``sweep_dir`` as in ``src.trainer.train``). Returns per run its summary dict (as
+    ``src.trainer.train``) or the exception that ended it."""
     reporters = reporters or [None] * len(cfgs)
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
@@ -314,6 +317,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 results[k] = done
                 continue
             state = resume(cfg, run_dir, found)
+            start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
             if already_stopped(state):
                 results[k] = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
                 continue
@@ -332,4 +336,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
         else:
             for k, summary in results_by_member.items():
                 results[k] = summary
+        finally:  # their summaries closed them; this closes them after an exception that came before one
+            for s in members.values():
+                s.recorder.trackers.close()
     return results

@@ -13,16 +13,19 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from src.trackers import sweep_dir_of  # noqa: E402
 from src.trainer import train  # noqa: E402
 from src.trial import current_trial, make_reporter  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    run_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
     trial = current_trial(run_dir)  # an Optuna trial started by the vitsweep sweeper: report for pruning
     reporter = make_reporter(trial) if trial is not None else None
-    summary = train(cfg, run_dir, reporter)  # SIGTERM/SIGINT: raises RunInterrupted, a non-zero exit
+    # SIGTERM/SIGINT: raises RunInterrupted, a non-zero exit
+    summary = train(cfg, run_dir, reporter, sweep_dir=sweep_dir_of(hydra_cfg))
     return objective_of(summary, in_trial=reporter is not None)
 
 

@@ -28,6 +28,7 @@ from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config, setup
 from src.stop_rules import COLLAPSE_RISE, StopRules
+from src.trackers import open_trackers
 from src.trial import Reporter
 from src.validate import check_config, objective_metrics
 
@@ -359,6 +360,13 @@ def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]
     return setup(cfg, run_dir)
 
 
+def start_tracking(state: RunState, sweep_dir: Path | None = None) -> None:
+    """Start the experiment trackers of ``logger=`` for this start of the run (a resumed one continues its tracker
+    run from its step); rows and the summary reach them through the recorder. ``sweep_dir``: a multirun's, where
+    trackers keep a store shared by its runs (``src.trackers.sweep_dir_of``)."""
+    state.recorder.track(open_trackers(state.cfg, state.recorder.dir, state.step, state.info, sweep_dir))
+
+
 def already_stopped(state: RunState) -> bool:
     """True when ``state`` resumed from a run's final checkpoint and no stop limit was raised since."""
     return state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before)
@@ -373,9 +381,11 @@ def _progress(state: RunState):
                 mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs and CI get a line every 30 s
 
 
-def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None) -> dict:
-    """Train one model as configured (or continue it from its run dir) and write its run directory.
-    Returns the summary dict; raises ``RunInterrupted`` (a SystemExit) after SIGTERM/SIGINT."""
+def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Reporter | None = None,
+          sweep_dir: str | Path | None = None) -> dict:
+    """Train one model as configured (or continue it from its run dir) and write its run directory (and send it
+    to the ``logger=`` trackers; ``sweep_dir``: the multirun's, None for a single run). Returns the summary dict;
+    raises ``RunInterrupted`` (a SystemExit) after SIGTERM/SIGINT."""
     cfg = plain_config(cfg)
     check_config(cfg)
     run_dir = writable_run_dir(run_dir)
@@ -385,19 +395,23 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
-    if already_stopped(state):  # killed after its final checkpoint, before its summary
-        return finish(state, state.stop_reason, checkpoint=False)
-    stop = StopSignal()
-    state.started = time.perf_counter()
-    with stop.installed(), _progress(state) as pbar:
-        try:
-            reason = run_loop(state, reporter, stop, pbar)
-        except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
-            reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-            state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
-                                             f"{type(e).__name__}: {e}"))
-            raise
-    summary = finish(state, reason)
+    start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
+    try:
+        if already_stopped(state):  # killed after its final checkpoint, before its summary
+            return finish(state, state.stop_reason, checkpoint=False)
+        stop = StopSignal()
+        state.started = time.perf_counter()
+        with stop.installed(), _progress(state) as pbar:
+            try:
+                reason = run_loop(state, reporter, stop, pbar)
+            except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
+                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+                state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
+                                                 f"{type(e).__name__}: {e}"))
+                raise
+        summary = finish(state, reason)
+    finally:  # the summary closed them; this closes them after an exception that came before it
+        state.recorder.trackers.close()
     if reason == "interrupted" and stop.signum is not None:
         log.warning("stopped by %s at epoch %d, step %d: checkpoint and summary written to %s; the same command "
                     "continues the run", signal.Signals(stop.signum).name, state.epoch, state.step, run_dir)

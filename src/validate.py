@@ -10,6 +10,7 @@ import torch
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
 from src.schedule import SCHEDULERS
+from src.trackers import check_trackers
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 RESUME = ("auto", "never")
@@ -89,6 +90,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     if t["precision"] not in PRECISIONS:
         raise ValueError(f"trainer.precision={t['precision']!r} is unknown: choose one of {list(PRECISIONS)}")
     _check_trainer_keys(t, cfg["scheduler"]["name"])
+    check_trackers(cfg)  # a tracker's package is missing: say which extra to install, before any training
     for key in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "batch_size", "eval_every",
                 "eval_batch_size"):
         v = t.get(key)

@@ -14,17 +14,21 @@ from omegaconf import DictConfig
 def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobReturn]:
     from hydra_plugins.vitsweep_sweeper.protocol import make_reporter, trial_of_hydra
     from src.stacked import train_members
+    from src.trackers import sweep_dir_of
 
     captured: list[tuple[DictConfig, str]] = []
+    sweep_dirs = []
 
     def record(task_cfg: DictConfig) -> None:
         captured.append((task_cfg, HydraConfig.get().runtime.output_dir))
+        sweep_dirs.append(sweep_dir_of(HydraConfig.get()))  # the members' trackers share the sweep's store
 
     rets = [run_job(hydra_context=hydra_context, task_function=record, config=cfg, job_dir_key="hydra.sweep.dir",
                     job_subdir_key="hydra.sweep.subdir") for cfg in configs]
     # each member's trial comes from its own Hydra config (the environment holds none once run_job returns)
     reporters = [make_reporter(trial_of_hydra(cfg.hydra)) for cfg in configs]
-    results = train_members([c for c, _ in captured], [d for _, d in captured], reporters)
+    results = train_members([c for c, _ in captured], [d for _, d in captured], reporters,
+                            sweep_dir=sweep_dirs[0] if sweep_dirs else None)
     for ret, result, reporter in zip(rets, results, reporters, strict=True):
         if isinstance(result, BaseException):
             ret.return_value, ret.status = result, JobStatus.FAILED

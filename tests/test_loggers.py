@@ -1,0 +1,189 @@
+"""`logger=`: runs sent to TensorBoard and MLflow, read back through their own readers (no mocks): TensorBoard's
+event accumulator, and MLflow's client on a SQLite tracking store in a temp dir."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from src.trackers import chosen
+from src.trainer import train
+from tests.conftest import ROOT, TINY
+
+pytest.importorskip("tensorboard", reason="pip install 'vitsweep[tensorboard]'")
+pytest.importorskip("mlflow", reason="pip install 'vitsweep[mlflow]'")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
+
+BOTH = "logger=[tensorboard,mlflow]"
+CURVES = ("train_error", "test_error", "train_loss", "lr")
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def events(run_dir: Path) -> EventAccumulator:
+    """The run's TensorBoard events as TensorBoard reads them (purged steps dropped)."""
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def hparams(acc: EventAccumulator) -> dict:
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in info.hparams.items()}
+
+
+def run_id_of(run_dir: Path) -> str:
+    return json.loads((run_dir / "tracker.json").read_text())["mlflow"]["run_id"]
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def same_curve(points: list[tuple[int, float]], rows: list[dict], key: str) -> bool:
+    """``points`` are the rows' ``key`` at their steps: each step once, in order, each value equal."""
+    return ([p[0] for p in points] == [r["step"] for r in rows]
+            and [p[1] for p in points] == pytest.approx([r[key] for r in rows]))
+
+
+def test_logger_group_composes_none_one_or_both(tiny_cfg):
+    assert chosen(tiny_cfg()) == []
+    assert chosen(tiny_cfg("logger=mlflow")) == ["mlflow"]
+    assert sorted(chosen(tiny_cfg(BOTH))) == ["mlflow", "tensorboard"]
+
+
+def test_logger_none_imports_neither_package(tmp_path):
+    code = ("import sys; from tests.conftest import compose_cfg, TINY; from src.trainer import train; "
+            f"train(compose_cfg(TINY), {str(tmp_path)!r}); "
+            "print(sorted(m for m in ('mlflow', 'tensorboard') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+
+
+class StopAt:
+    """A reporter that stops the run like Ctrl-C once epoch ``epoch`` is recorded: its row has reached the run
+    dir and the trackers, but not the checkpoint (written every 2 epochs), as with a kill between the two."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def __call__(self, value: float, epoch: int) -> bool:
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+        return False
+
+
+def test_a_stopped_and_resumed_run_is_one_curve_in_both_trackers(tiny_cfg, tmp_path):
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg(BOTH, f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.max_epochs=4",
+                   "trainer.checkpoint=true", "trainer.checkpoint_every=2")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(3))
+    assert len(rows_of(run_dir)) == 3  # epoch 3's row went out; the checkpoint holds epoch 2
+    first_id = run_id_of(run_dir)
+    summary = train(cfg, run_dir)  # resumes from epoch 2: cuts metrics.jsonl back and trains epochs 3 and 4
+    rows = rows_of(run_dir)
+    steps = [r["step"] for r in rows]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4] and summary["status"] == "completed"
+
+    acc = events(run_dir)
+    for key in CURVES:  # TensorBoard: every row once, at its step, with its value (the purge step dropped the 3rd)
+        assert same_curve([(e.step, e.value) for e in acc.Scalars(key)], rows, key)
+    assert [e.step for e in acc.Scalars("epoch")] == steps
+    assert [e.value for e in acc.Scalars("summary/objective")] == pytest.approx([summary["objective"]])
+    params = hparams(acc)
+    assert (params["model.dim"], params["scheduler.name"], params["trainer.max_epochs"]) == (32, "constant", 4)
+
+    client = MlflowClient(tracking_uri=uri)
+    assert run_id_of(run_dir) == first_id  # the resumed run continued its MLflow run
+    (experiment,) = [e for e in client.search_experiments() if e.name == "vitsweep"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_id == first_id and run.info.status == "FINISHED"
+    for key in CURVES:  # MLflow: every step once (epoch 3 logged before the stop was not logged again)
+        assert same_curve(history(client, first_id, key), rows, key)
+    assert run.data.params["model.dim"] == "32" and run.data.params["scheduler.name"] == "constant"
+    assert {k: run.data.tags[k] for k in ("status", "stop_reason", "stalled", "collapsed")} == {
+        "status": "completed", "stop_reason": "max_epochs", "stalled": json.dumps(summary["stalled"]),
+        "collapsed": json.dumps(summary["collapsed"])}
+    assert same_curve(history(client, first_id, "objective"), [{"step": steps[-1], "objective": summary["objective"]}],
+                      "objective")
+
+    # extended under scheduler=constant: the finished run goes on in the same tracker runs
+    longer = tiny_cfg(BOTH, f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.max_epochs=5",
+                      "trainer.checkpoint=true", "trainer.checkpoint_every=2")
+    train(longer, run_dir)
+    rows = rows_of(run_dir)
+    assert len(rows) == 5 and run_id_of(run_dir) == first_id
+    assert [e.step for e in events(run_dir).Scalars("train_error")] == [r["step"] for r in rows]
+    assert [s for s, _ in history(client, first_id, "train_error")] == [r["step"] for r in rows]
+    assert client.get_run(first_id).info.status == "FINISHED"
+
+
+def test_a_missing_package_fails_before_training_naming_the_extra(tiny_cfg, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what `import mlflow` finds where it is not installed
+    with pytest.raises(ValueError, match=r"pip install 'vitsweep\[mlflow\]'"):
+        train(tiny_cfg("logger=mlflow"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unwritable_tracker_warns_once_and_the_run_completes(tiny_cfg, tmp_path, monkeypatch, caplog):
+    (tmp_path / "a_file").write_text("")  # a store below a file cannot be created
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a_file/mlflow.db")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").symlink_to("/proc/no-such-dir")  # an event dir that cannot be made
+    with caplog.at_level(logging.WARNING, logger="src.trackers"):
+        summary = train(tiny_cfg(BOTH, "trainer.max_epochs=2"), run_dir)
+    assert summary["status"] == "completed" and len(rows_of(run_dir)) == 2
+    assert (run_dir / "summary.json").is_file()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "src.trackers"]
+    assert len(warnings) == 2, warnings
+    assert any(w.startswith("logger=mlflow: start failed") for w in warnings)
+    assert any(w.startswith("logger=tensorboard: start failed") for w in warnings)
+
+
+@pytest.mark.parametrize("stack", ["always", "never"])
+def test_a_sweep_logs_each_trial_as_its_own_run(tmp_path, stack):
+    """Two trials of a vitsweep study on the vectorized launcher, as one stacked model in one worker or in two worker
+    processes starting at once (on one new SQLite store): one MLflow run per trial in the study's experiment,
+    tagged with its trial, in the sweep dir's store; one event dir each."""
+    grid = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith("model.")], "trainer.max_epochs=2"]
+    done = subprocess.run([sys.executable, "-m", "src.train", "-m", *grid, "seed=choice(0,1)", BOTH,
+                           "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=2",
+                           "hydra.sweeper.study_name=s", "hydra/launcher=vectorized", "hydra.launcher.n_procs=2",
+                           f"hydra.launcher.stack={stack}",
+                           f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("stacked in 1 group(s)" in done.stdout + done.stderr) == (stack == "always")
+    logs = [done.stdout, done.stderr, *(p.read_text() for p in tmp_path.rglob("*.log"))]  # workers log to files
+    assert not any("src.trackers" in text for text in logs)  # no tracker warned
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("s")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == ["trial-0", "trial-1"]
+    for number in (0, 1):
+        run_dir, run = tmp_path / str(number), runs[f"trial-{number}"]
+        assert run_id_of(run_dir) == run.info.run_id
+        assert (run.data.tags["vitsweep.study_name"], run.data.tags["vitsweep.trial_number"]) == ("s", str(number))
+        assert run.data.params["seed"] == str(json.loads((run_dir / "summary.json").read_text())["seed"])
+        rows = rows_of(run_dir)
+        assert same_curve(history(client, run.info.run_id, "train_error"), rows, "train_error")
+        acc = events(run_dir)
+        assert same_curve([(e.step, e.value) for e in acc.Scalars("train_error")], rows, "train_error")
+        assert (hparams(acc)["study_name"], hparams(acc)["trial_number"]) == ("s", number)
