@@ -62,11 +62,30 @@ def command(name: str, overrides: list[str]) -> list[str]:
             *scale_override(name, overrides)]
 
 
-def _describe(name: str) -> str:
-    for line in (SWEEPS / f"{name}.yaml").read_text().splitlines():
+def _describe(name: str, width: int = 90) -> str:
+    """The study's "# Study:" header paragraph, cut at its first sentence or clause end within ``width`` characters
+    (else at a word, with an ellipsis), so ``--help`` never stops mid-phrase."""
+    lines = (SWEEPS / f"{name}.yaml").read_text().splitlines()
+    text = ""
+    for i, line in enumerate(lines):
         if line.startswith("# Study:"):
-            return line[len("# Study:") :].strip()
-    return ""
+            text = line[len("# Study:"):].strip()
+            for more in lines[i + 1:]:
+                body = more[1:].strip() if more.startswith("#") else ""
+                if not body or body.split(":", 1)[0] in ("Published", "Run", "Scales", "Declared test", "Recipe"):
+                    break
+                text += " " + body
+            break
+    if len(text) <= width:
+        return text
+    depth, cuts = 0, []  # clause ends outside parentheses, within width
+    for i, ch in enumerate(text[:width]):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text[i:i + 2] in (". ", "; ", ": ", ", ") and i > width // 3:
+            cuts.append(i)
+    if cuts:
+        return text[:cuts[-1]] + ("." if text[cuts[-1]] == "." else " ...")
+    return text[:text.rfind(" ", 0, width)] + " ..."
 
 
 def main(argv: list[str] | None = None) -> int:

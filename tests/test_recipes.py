@@ -190,3 +190,13 @@ def test_every_preset_of_a_study_builds_its_model(name):
         data = build_data(compose_cfg(["dataset=synthetic", "dataset.num_train=8", "dataset.num_test=4",
                                        f"dataset.image_size={size}"]).dataset, seed=0)
         build_model(cfg.model, data)
+
+
+@pytest.mark.parametrize("name", sweep.available())
+def test_help_describes_each_study_without_stopping_mid_phrase(name):
+    """`python -m src.sweep --help` listed "attention maps of MNIST ViTs ... (heads, layers) =": the header's first
+    line, cut wherever it wrapped. Now a description is the whole paragraph or ends at a clause, marked."""
+    text = sweep._describe(name)
+    assert 10 < len(text) <= 95, text
+    assert not text.rstrip(" .").endswith(("=", "(", "--", ",")), text
+    assert text.count("(") == text.count(")") or text.endswith("..."), text
