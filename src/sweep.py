@@ -85,7 +85,7 @@ def _describe(name: str, width: int = 90) -> str:
             cuts.append(i)
     if cuts:
         return text[:cuts[-1]] + ("." if text[cuts[-1]] == "." else " ...")
-    return text[:text.rfind(" ", 0, width)] + " ..."
+    return text[:text.rfind(" ", 0, width)].rstrip(",;:(- ") + " ..."
 
 
 def main(argv: list[str] | None = None) -> int:
