@@ -319,7 +319,7 @@ def main_overrides(m: dict, lr: float | None) -> list[str]:
 
 
 def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: str = "critical") -> dict:
-    df = load_runs(paths)
+    df = load_runs(paths, optuna_state=False)  # the design reads the runs' own records only
     width = width_column(df)
     lr, lr_table = choose_lr(df, width, tol) if LR in curve_keys(df) else (None, pd.DataFrame())
     at = df if lr is None else df[np.isclose(df[LR].astype(float), lr)]
@@ -401,11 +401,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         text = plan_markdown(p)
     else:
-        pilot = load_runs(a.pilot)
+        pilot = load_runs(a.pilot, optuna_state=False)
         lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)
         pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
         sp = spread(pilot, tol=a.tol, rule=a.center)
-        text = tests_markdown(peak_tests(load_runs(a.paths), sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp,
+        text = tests_markdown(peak_tests(load_runs(a.paths, optuna_state=False), sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp,
                               a.center)
     print(text)
     if a.out:
