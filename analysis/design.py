@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)
         pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
         sp = spread(pilot, tol=a.tol, rule=a.center)
-        text = tests_markdown(peak_tests(load_runs(a.paths, optuna_state=False), sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp,
-                              a.center)
+        main_runs = load_runs(a.paths, optuna_state=False)
+        text = tests_markdown(peak_tests(main_runs, sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
     print(text)
     if a.out:
         from pathlib import Path
