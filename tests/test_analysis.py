@@ -23,22 +23,9 @@ from analysis import (
 )
 from analysis.load import one_run_per_seed
 from analysis.report import make_report, varied_keys
+from tests.helpers import write_run
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
-
-
-def write_run(root: Path, num: int, config: dict, summary: dict | None, metrics: list[dict] | None = None) -> Path:
-    """One run dir as the trainer leaves it: .hydra/*.yaml, metrics.jsonl, summary.json (None: still running)."""
-    run = root / str(num)
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([]))
-    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
-    if metrics is not None:
-        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    if summary is not None:
-        (run / "summary.json").write_text(json.dumps(summary))
-    return run
 
 
 def config(seed: int, n_train: int = 1000, patch: int = 4, width: int = 64, noise: float = 0.0) -> dict:

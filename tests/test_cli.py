@@ -11,7 +11,7 @@ import pytest
 
 from src.malloc import TUNABLES, lean_malloc_env
 from tests.conftest import ROOT, TINY
-from tests.test_trainer import SUMMARY_KEYS
+from tests.helpers import SUMMARY_KEYS
 
 
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

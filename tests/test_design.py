@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from analysis import design, load_runs
-from tests.test_analysis import write_run
+from tests.helpers import write_run
 
 WIDTHS = [1, 2, 3, 4, 6, 8, 12, 16, 32]
 BUMP = 0.12

@@ -261,7 +261,7 @@ def test_one_epoch_training_reports_binary_metrics(tree, tmp_path):
 def test_decode_workers_stop_when_the_process_building_the_cache_dies(tmp_path):
     """A run killed (SIGKILL, out of memory) while it decoded a DICOM cache left its forked decode workers alive,
     blocked for ever on the pool's queue (they hold its write end too, so it never reads EOF)."""
-    from tests.test_sweeper_faults import run_marked, wait_until_gone
+    from tests.helpers import run_marked, wait_until_gone
 
     marked = run_marked("import os\n"
                         "from src.data import mammo\n"

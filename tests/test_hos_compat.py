@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.test_sweeper import APP, run
+from tests.helpers import APP, run
 
 
 @pytest.fixture

@@ -10,15 +10,14 @@ from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_launcher.launcher import VectorizedLauncher
 from tests.conftest import ROOT, TINY
-from tests.test_sweeper import APP, load, run
+from tests.helpers import (
+    APP,
+    load,
+    run,
+    run_cli,
+)
 
 LAUNCH = ["hydra/launcher=vectorized", "hydra.launcher.n_procs=2"]
-
-
-def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m src.train ...` from the repo root."""
-    return subprocess.run([sys.executable, "-m", "src.train", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def app(tmp_path, *overrides, check=True):
@@ -166,7 +165,7 @@ def test_killing_the_launching_process_stops_its_workers_after_they_save(tmp_pat
     import signal
     import time
 
-    from tests.test_sweeper_faults import gone, wait_for
+    from tests.helpers import gone, wait_for
 
     cnn = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith(("model.", "trainer.checkpoint"))]]
     proc = subprocess.Popen([sys.executable, "-m", "src.train", "-m", *cnn, "seed=0,1", "trainer.max_epochs=100000",
@@ -197,7 +196,7 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
     """Found by CI (2026-11-25): a pool worker still starting (spawn: importing) when its launching process was
     killed took the process it was re-parented to for its parent, so it never saw its parent gone and lived on
     as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever)."""
-    from tests.test_sweeper_faults import run_marked, wait_until_gone
+    from tests.helpers import run_marked, wait_until_gone
 
     marked = run_marked("import os, types\n"
                         "from hydra_plugins.vitsweep_launcher import pool\n"

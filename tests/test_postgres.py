@@ -10,8 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import storage as sto
-from tests.test_sweeper import sweep
-from tests.test_sweeper_faults import GRID, assert_each_point_once
+from tests.helpers import GRID, assert_each_point_once, sweep
 
 pytestmark = pytest.mark.faults
 ENV = "VITSWEEP_TEST_POSTGRES_URL"

@@ -12,7 +12,7 @@ from src.run_state import setup
 from src.stacked import MemberStack, plan_groups, train_members
 from src.trainer import train, train_step
 from tests.conftest import TINY, compose_cfg
-from tests.test_launcher import run_cli
+from tests.helpers import run_cli
 
 CNN = ["model=cnn", "model.width=2", *[o for o in TINY if not o.startswith("model.")]]
 VIT = [*TINY, "model.dropout=0.0"]

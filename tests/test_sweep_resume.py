@@ -13,8 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
-from tests.test_sweeper import ROOT
-from tests.test_sweeper_faults import LIVENESS, wait_for
+from tests.helpers import LIVENESS, ROOT, wait_for
 
 pytestmark = pytest.mark.faults
 

@@ -13,26 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "tests" / "sweeper_app" / "app.py"
-
-
-def run(args, cwd, check=True, env=None, timeout=300):
-    """Run a Hydra command line in a subprocess; the repo root is importable as in an install."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def sweep(tmp_path, *overrides, check=True):
-    return run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *overrides], cwd=tmp_path, check=check)
-
-
-def load(tmp_path, name="app"):
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+from tests.helpers import APP, ROOT, load, run, sweep
 
 
 def test_discovered_from_another_cwd(tmp_path):

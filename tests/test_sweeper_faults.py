@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -18,42 +17,27 @@ import yaml
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
-from tests.test_sweeper import APP, ROOT, load, run, sweep
+from tests.helpers import (
+    APP,
+    GRID,
+    LIVENESS,
+    ROOT,
+    assert_each_point_once,
+    counted,
+    gone,
+    load,
+    run,
+    sweep,
+    wait_for,
+)
 
 pytestmark = pytest.mark.faults
-
-GRID = ["x=choice(0,1,2)", "y=choice(0,1)", "hydra/sweeper/sampler=grid"]  # 6 points
-LIVENESS = ["hydra.sweeper.heartbeat_s=0.5", "hydra.sweeper.grace_s=3"]
-
-
-def counted(study):
-    return st.budget_trials(study.get_trials())
-
-
-def assert_each_point_once(study, n_points=6):
-    """Each grid point COMPLETE exactly once among all trials, and the budget's trials are exactly the grid."""
-    done = [tuple(sorted(t.params.items())) for t in study.trials if t.state == TrialState.COMPLETE]
-    assert len(done) == len(set(done)) == n_points, sorted(done)
-    assert len(counted(study)) == n_points
 
 
 def start(tmp_path, *overrides):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, str(APP), "-m", f"hydra.sweep.dir={tmp_path}", *overrides]
     return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, timeout=120, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            value = predicate()
-        except Exception:  # noqa: BLE001 - the database may not exist yet
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running_worker_trial(tmp_path, main_pid):
@@ -64,63 +48,6 @@ def running_worker_trial(tmp_path, main_pid):
         if pid and pid != main_pid and t.intermediate_values:
             return t, pid
     return None
-
-
-def run_marked(code: str) -> Callable[..., list[int]]:
-    """Run ``code`` (ending in ``os._exit(9)``) in a Python process whose environment carries a fresh mark (its
-    children inherit it), and return
-    ``marked(what=b"")``: the live processes with the mark whose command line contains ``what`` (a zombie's environ
-    cannot be read, so it does not count). Finds the orphans a killed process left through /proc (Linux)."""
-    import tempfile
-    import uuid
-
-    if not os.path.isdir("/proc/self"):
-        pytest.skip("finds orphaned processes through /proc (Linux)")
-    mark = f"VITSWEEP_TEST_MARK={uuid.uuid4().hex}".encode()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VITSWEEP_TEST_MARK": mark.decode().split("=", 1)[1]}
-    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: the orphans inherit it, and reading a pipe to EOF
-        # would wait for them to end
-        child = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, stdout=subprocess.DEVNULL,
-                               stderr=err, check=False)
-        err.seek(0)
-        # the code ends with os._exit(9) once it has started what it means to orphan: anything else (an exception
-        # before it started them) would leave nothing to find, and the test would pass without testing anything
-        assert child.returncode == 9, f"the marked process ended {child.returncode}, not os._exit(9):\n{err.read()}"
-
-    def marked(what: bytes = b"") -> list[int]:
-        pids = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if mark in open(f"/proc/{entry}/environ", "rb").read() \
-                        and what in open(f"/proc/{entry}/cmdline", "rb").read():
-                    pids.append(int(entry))
-            except OSError:
-                pass
-        return pids
-
-    return marked
-
-
-def wait_until_gone(marked: Callable[..., list[int]], what: str, timeout: float = 30) -> None:
-    """Wait for every process ``marked`` lists to end; SIGKILL the ones left (then fail, naming ``what``)."""
-    try:
-        wait_for(lambda: not marked(), timeout=timeout, what=what)
-    finally:
-        for pid in marked():
-            os.kill(pid, signal.SIGKILL)
-
-
-def gone(pid):
-    """The process has exited: no such pid, or a zombie (exited, not yet reaped by the process that adopted it,
-    which in a container without an init may never happen)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_path):
@@ -282,7 +209,7 @@ def test_a_missing_driver_names_the_extra_before_any_trial(tmp_path):
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('psycopg is not installed here')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(ROOT)])}
-    from tests.test_sweeper import run
+    from tests.helpers import run
 
     proc = run([APP, "-m", f"hydra.sweep.dir={tmp_path}", "x=interval(0,1)",
                 "hydra.sweeper.storage='postgresql+psycopg://u:secret@db-host/vitsweep'"],

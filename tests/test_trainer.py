@@ -8,11 +8,8 @@ import pytest
 
 from src.stop_rules import StopRules
 from src.trainer import train
+from tests.helpers import SUMMARY_KEYS
 
-SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_loss", "train_error", "test_loss",
-                "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
-                "noisy_label_fraction", "device", "precision", "seed", "lr_at_stop", "base_lr", "low_lr_stop",
-                "stalled", "collapsed", "best_train_error"}
 METRIC_KEYS = {"epoch", "step", "wall_s", "lr", "train_loss", "train_error", "test_loss", "test_error", "images_per_s"}
 
 
