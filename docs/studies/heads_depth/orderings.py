@@ -94,19 +94,7 @@ def main(sweep_dir: str, out_dir: str) -> None:
     runs = runs[~stalled]  # the orderings below: without stalled runs (a run that never left chance is no point
     # on a learning curve; the table above shows what they change)
 
-    rows = []
-    for what, a, b in SLOPES:
-        try:
-            d = slope_difference(runs, "arch", a, b)
-        except ValueError as e:
-            rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})", "result": f"n/a: {e}", "holds": ""})
-            continue
-        holds = "yes" if d["hi"] < 0 else ("no (reversed)" if d["lo"] > 0 else "not resolved (interval spans 0)")
-        rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})",
-                     "result": f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] ({d['alpha_a']:.3f} vs "
-                               f"{d['alpha_b']:.3f}; {d['n_a']} and {d['n_b']} seeds, "
-                               f"n {d['sizes'][0]}..{d['sizes'][-1]})",
-                     "holds": holds})
+    rows = slope_rows(runs).to_dict("records")
     for what, a, b in ERRORS:
         cells, verdict = error_comparison(runs, a, b)
         rows.append({"ordering": what, "test": f"test error of {a} vs {b} (%)", "result": cells, "holds": verdict})
