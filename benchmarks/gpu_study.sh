@@ -101,7 +101,7 @@ done
 # records without checkpoints (summaries, metrics, configs, Optuna storages): the analysis reads them as they are
 for d in "$W"/*/; do  # one archive per sweep (a call returns files of at most 16 MiB)
   d=$(basename "$d"); [ "$d" = logs ] && continue
-  tar -czf "$OUT/records_$d.tar.gz" -C "$W" --exclude=checkpoint.pt --exclude='*.prev' --exclude=.launcher "$d" 2>/dev/null
+  tar -czf "$OUT/records_$d.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher "$d" 2>/dev/null
 done
 tar -czf "$OUT/logs.tar.gz" -C "$W" logs
 ls -la "$OUT"
