@@ -462,8 +462,8 @@ class SweeperImpl:
                 return
             if isinstance(exc, _submitit.JobDied):  # as a dead worker's trial: failed as interrupted, and retried
                 with sto.claim_lock(self.url, self.storage, study._study_id):
-                    log.warning(lv.fail_and_retry(study, self.storage.get_trial(trial._trial_id), str(exc),
-                                                  self.max_retries))
+                    msg = lv.fail_and_retry(study, self.storage.get_trial(trial._trial_id), str(exc), self.max_retries)
+                (log.debug if "retried as trial" in msg else log.warning)(msg)  # a retry: the progress line says so
                 return
             self._fail(study, trial, f"{type(exc).__name__}: {exc}")
             return

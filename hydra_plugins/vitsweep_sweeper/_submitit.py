@@ -119,9 +119,9 @@ class SubmititBatches:
         try:
             return job.results()[0]
         except Exception as e:  # noqa: BLE001 - killed, preempted and not requeued, out of memory, node failure
-            why = f"submitit job {job.job_id} (Hydra job #{n}) ended without a result, state {job.state}: {e}"
-            log.warning(why.splitlines()[0])
+            why = (f"submitit job {job.job_id} (Hydra job #{n}) ended without a result (state {job.state}, "
+                   f"{type(e).__name__}); its output: {job.paths.stdout}")
             ret = JobReturn()
             ret.status = JobStatus.FAILED
-            ret.return_value = JobDied(why[:1500])
+            ret.return_value = JobDied(why)
             return ret
