@@ -113,3 +113,18 @@ def test_several_tasks_per_trial_are_refused_before_any_trial(tmp_path):
     err = proc.stdout + proc.stderr
     assert "hydra.launcher.tasks_per_node=2" in err and "would run each trial's job 2 times" in err, err[-2000:]
     assert not (tmp_path / ".submitit").exists()
+
+
+def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
+    """Under submitit_slurm the sweeper's workers set no OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES or pinning: sbatch
+    would export them into the jobs, which get their own resources from SLURM."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.vitsweep_sweeper import _submitit
+
+    def cfg(target):
+        return OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+    prefix = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
+    assert _submitit.is_remote(cfg(prefix + "SlurmLauncher"))
+    assert not _submitit.is_remote(cfg(prefix + "LocalLauncher"))
+    assert not _submitit.is_remote(cfg("hydra._internal.core_plugins.basic_launcher.BasicLauncher"))
