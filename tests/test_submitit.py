@@ -128,3 +128,38 @@ def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
     assert _submitit.is_remote(cfg(prefix + "SlurmLauncher"))
     assert not _submitit.is_remote(cfg(prefix + "LocalLauncher"))
     assert not _submitit.is_remote(cfg("hydra._internal.core_plugins.basic_launcher.BasicLauncher"))
+
+
+@pytest.mark.faults
+def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them(tmp_path):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("finds the job's process through /proc (Linux)")
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", "epochs=5", "sleep_s=1",
+            "hydra.sweeper.n_trials=2", *LIVENESS]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
+                                        if t.intermediate_values), None), what="a trial one epoch in")
+        task = wait_for(lambda: _job_task(tmp_path), what="its submitit task")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    wait_for(lambda: gone(task), timeout=30, what="the cancelled job to end")
+    stopped = load(tmp_path).trials[victim.number]
+    assert stopped.state == TrialState.FAIL and "interrupted" in stopped.user_attrs["error"]
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    study = load(tmp_path)
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == stopped.params and retry.user_attrs["retries"] == 0
+    run_dir = tmp_path / str(victim.number)
+    assert Path(retry.user_attrs["run_dir"]) == run_dir
+    epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1, 2, 3, 4] and json.loads((run_dir / "summary.json").read_text())["resumed_from_epoch"] >= 1
+    assert len(counted(study)) == 2
