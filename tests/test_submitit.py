@@ -1,6 +1,7 @@
 """The vitsweep sweeper on the real hydra-submitit-launcher (`hydra/launcher=submitit_local`): a grid runs each point
 once, a TPE study reaches its budget with two workers, the pruner stops trials, a job killed mid-trial is retried
-in its run dir from its checkpoint, and a launcher setting that would run a trial twice is refused (docs/slurm.md).
+in its run dir from its checkpoint, SIGTERM to the sweep cancels its job and the same command resumes it, and a
+launcher setting that would run a trial twice is refused (docs/slurm.md).
 
 Each job is a fresh Python process started by submitit, so a job costs a few seconds; the trials are the tiny task
 in tests/sweeper_app."""
