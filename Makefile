@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   create .venv, install vitsweep, run a ViT patch-size multirun (2/4/8) on the embedded
 #               digits data and print test accuracy and time per patch size
-#   make test   create .venv, install vitsweep with its test extras (trackers included), run the test suite
+#   make test   create .venv, install vitsweep with its test extras (trackers and submitit included), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $(TORCH)
 	# compat editable mode puts the repo on sys.path, so Hydra's scan of the hydra_plugins namespace finds
 	# the vitsweep sweeper and launcher (setuptools' default PEP 660 finder hides them: hydra issues 2359, 3252).
-	$(PY) -m pip install -q -e '.[dev,dicom,dashboard,postgres,tensorboard,mlflow]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[dev,dicom,dashboard,postgres,tensorboard,mlflow,submitit]' --config-settings editable_mode=compat
 	touch $@
 
 install: $(VENV)/.installed

@@ -40,6 +40,7 @@ from . import _protocol as protocol
 from . import _search_space as ss
 from . import _storage as sto
 from . import _study as st
+from . import _submitit
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class SweeperImpl:
         self.launcher = Plugins.instance().instantiate_launcher(
             config=config, hydra_context=hydra_context, task_function=task_function
         )
+        if _submitit.is_submitit(self.launcher):  # collect a batch job by job: a dead job's trial is retried
+            poll_s = 10.0 if _submitit.is_remote(config) else max(0.2, min(self.heartbeat_s, 1.0))  # sacct sparingly
+            self.launcher = _submitit.SubmititBatches(self.launcher, poll_s=poll_s)
         self.sweep_dir = str(config.hydra.sweep.dir)
 
     # ------------------------------------------------------------------ validation, before any trial
@@ -456,6 +460,11 @@ class SweeperImpl:
             if isinstance(exc, optuna.TrialPruned):
                 study.tell(trial, state=TrialState.PRUNED)
                 return
+            if isinstance(exc, _submitit.JobDied):  # as a dead worker's trial: failed as interrupted, and retried
+                with sto.claim_lock(self.url, self.storage, study._study_id):
+                    msg = lv.fail_and_retry(study, self.storage.get_trial(trial._trial_id), str(exc), self.max_retries)
+                (log.debug if "retried as trial" in msg else log.warning)(msg)  # a retry: the progress line says so
+                return
             self._fail(study, trial, f"{type(exc).__name__}: {exc}")
             return
         raw = ret.return_value
@@ -503,8 +512,11 @@ class SweeperImpl:
             for i in range(1, self.n_workers + 1):
                 cmd = self._worker_command(i)
                 out = open(logs / f"worker-{i}.log", "w")
-                procs.append((subprocess.Popen(cmd, env=_worker_env(i, self.n_workers), stdout=out,
-                                               stderr=subprocess.STDOUT, preexec_fn=_pin(i, self.n_workers)), out))
+                # jobs on other machines (submitit_slurm) get their own resources: this machine's are not shared out
+                remote = _submitit.is_remote(self.config)
+                env = {**os.environ, lv.PARENT_ENV: str(os.getpid())} if remote else _worker_env(i, self.n_workers)
+                procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                               preexec_fn=None if remote else _pin(i, self.n_workers)), out))
             log.info(f"Started {self.n_workers} workers; logs in {logs}; worker command: {shlex.join(cmd)}")
             reported = set()
             while any(p.poll() is None for p, _ in procs):

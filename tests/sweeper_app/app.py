@@ -1,6 +1,7 @@
 """A Hydra task for the sweeper tests, shaped like src/train.py: it reports a decreasing curve through the
 sweeper's public protocol (its trial comes from the job's environment, never from its config), writes
 metrics.jsonl and summary.json, and raises TrialPruned after the records are written when the pruner stops it.
+With SWEEPER_APP_RESUME set, a run dir's metrics.jsonl is its checkpoint: a rerun there continues after its epochs.
 A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`."""
 
 import json
@@ -28,17 +29,23 @@ def main(cfg: DictConfig):
     reporter = make_reporter(trial)
     final = cfg.x**2 + cfg.y**2 + (100.0 if cfg.bad else 0.0)
     stop_reason = "max_epochs"
-    with open(run_dir / "metrics.jsonl", "w") as fh:
+    metrics, done = run_dir / "metrics.jsonl", []
+    if os.environ.get("SWEEPER_APP_RESUME") and metrics.is_file():  # the app's checkpoint: its epochs so far
+        done = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    with open(metrics, "a" if done else "w") as fh:
         for epoch in range(cfg.epochs):
             value = final + (cfg.epochs - 1 - epoch)  # reaches `final` at the last epoch
-            fh.write(json.dumps({"epoch": epoch, "objective": value}) + "\n")
-            fh.flush()
-            time.sleep(cfg.sleep_s)
+            if epoch >= len(done):  # a resumed run reports its saved epochs again, without redoing them
+                fh.write(json.dumps({"epoch": epoch, "objective": value}) + "\n")
+                fh.flush()
+                time.sleep(cfg.sleep_s)
             if reporter is not None and reporter(value, epoch):
                 stop_reason = "pruned"
                 break
     summary = {"status": "stopped" if stop_reason == "pruned" else "completed", "stop_reason": stop_reason,
                "epochs": epoch + 1, "objective": final}
+    if done:
+        summary["resumed_from_epoch"] = len(done)
     if trial is not None:
         summary.update(study_name=trial.study_name, trial_number=trial.number, study_storage=trial.storage)
     if "trial" in cfg:

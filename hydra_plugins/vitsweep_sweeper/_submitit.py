@@ -1,0 +1,127 @@
+"""The sweeper's batches on hydra-submitit-launcher (`hydra/launcher=submitit_local` or `submitit_slurm`).
+
+Submitit's own `launch()` returns when every job of a batch has ended, and raises at the first job that left no
+result (killed, preempted without requeue, out of memory), dropping the results of the batch's other jobs. That
+breaks two promises of the sweeper: a trial whose job died is retried (its result would be lost with the batch's
+worker), and a retry runs under its original's job number (so in its run dir, from its checkpoint). So the
+sweeper submits a batch through the launcher's own executor and callable (the jobs are the very jobs submitit's
+`launch` would submit, `checkpoint()` and requeue included) and collects the jobs one by one, as they end:
+
+- a job that returned is told at once (as the vectorized launcher reports its jobs);
+- a job that left no result becomes a `JobDied` return, and the sweeper fails its trial as interrupted and
+  enqueues a retry with the same parameters and job number (counted against `hydra.sweeper.max_retries`);
+- a sweeper stopped mid-batch (Ctrl-C, SIGTERM) cancels the batch's unfinished jobs before it hands their
+  trials back, so no job keeps writing into a run dir that a retry will use.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+SUBMITIT_PREFIX = "hydra_plugins.hydra_submitit_launcher."
+
+
+class JobDied(RuntimeError):
+    """A submitit job that ended without a result: the sweeper fails its trial as interrupted and retries it."""
+
+
+def is_submitit(launcher: Any) -> bool:
+    return any(c.__module__.startswith(SUBMITIT_PREFIX) for c in type(launcher).__mro__)
+
+
+def is_submitit_target(config: Any) -> bool:
+    target = OmegaConf.select(config, "hydra.launcher._target_", default="") or ""
+    return str(target).startswith(SUBMITIT_PREFIX)
+
+
+def is_remote(config: Any) -> bool:
+    """The jobs run on other machines (SLURM), not as children of this process."""
+    return is_submitit_target(config) and not str(OmegaConf.select(config, "hydra.launcher._target_")).endswith(
+        ".LocalLauncher")
+
+
+def check(launcher: Any) -> None:
+    """Refuse what would break a promise of the sweeper, before any trial."""
+    params = launcher.params
+    tasks = int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1)
+    if tasks > 1:
+        raise ValueError(
+            f"hydra.launcher.tasks_per_node={params.get('tasks_per_node')} and hydra.launcher.nodes="
+            f"{params.get('nodes')}: submitit would run each trial's job {tasks} times, in one run dir, each copy "
+            "reporting to the same trial, so a grid point would not run once and the budget would not count trials. "
+            "The vitsweep trainer is one process per run: keep tasks_per_node=1 and nodes=1 and run trials in "
+            "parallel with hydra.sweeper.n_jobs (trials per batch) and hydra.sweeper.n_workers (docs/slurm.md)")
+
+
+class SubmititBatches:
+    """Runs the sweeper's batches on a hydra-submitit-launcher launcher, under given job numbers
+    (`job_numbers`), reporting each job as it ends (`on_job_done`)."""
+
+    def __init__(self, launcher: Any, poll_s: float = 1.0) -> None:
+        check(launcher)
+        self.launcher = launcher
+        self.poll_s = poll_s
+        self.job_numbers: Sequence[int] | None = None
+        self.on_job_done: Callable[[int, JobReturn], None] | None = None
+
+    def _executor(self) -> Any:
+        """The executor `BaseSubmititLauncher.launch` builds (hydra-submitit-launcher 1.2), from the same keys."""
+        import submitit
+
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+        launcher, kind = self.launcher, self.launcher._EXECUTOR
+        init_keys = {"max_num_timeout"}
+        executor = submitit.AutoExecutor(cluster=kind, folder=launcher.params["submitit_folder"],
+                                         **{f"{kind}_{k}": v for k, v in launcher.params.items() if k in init_keys})
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in base else f"{kind}_{k}": v for k, v in launcher.params.items()
+                                      if k not in init_keys | {"submitit_folder"}})
+        return executor
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+        import submitit
+
+        config = self.launcher.config
+        numbers = list(self.job_numbers or range(initial_job_idx, initial_job_idx + len(job_overrides)))
+        executor = self._executor()
+        log.info(f"Submitit '{self.launcher._EXECUTOR}' sweep output dir : {config.hydra.sweep.dir}")
+        params = []
+        for n, overrides in zip(numbers, job_overrides, strict=True):
+            log.info(f"\t#{n} : {' '.join(filter_overrides(overrides))}")
+            params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
+        jobs = executor.map_array(self.launcher, *zip(*params, strict=True))
+        number = {id(j): n for j, n in zip(jobs, numbers, strict=True)}
+        returns: dict[int, JobReturn] = {}
+        try:
+            for job in submitit.helpers.as_completed(jobs, poll_frequency=self.poll_s):
+                n = number[id(job)]
+                returns[n] = self._result(job, n)
+                if self.on_job_done is not None:
+                    self.on_job_done(n, returns[n])
+        except BaseException:  # the sweeper is stopping: its running jobs must not outlive their trials
+            for job in jobs:
+                if number[id(job)] not in returns:
+                    try:
+                        job.cancel(check=False)
+                    except Exception as e:  # noqa: BLE001 - a job that ended meanwhile
+                        log.debug(f"cancel {job.job_id}: {e}")
+            raise
+        return [returns[n] for n in numbers]
+
+    def _result(self, job: Any, n: int) -> JobReturn:
+        try:
+            return job.results()[0]
+        except Exception as e:  # noqa: BLE001 - killed, preempted and not requeued, out of memory, node failure
+            why = (f"submitit job {job.job_id} (Hydra job #{n}) ended without a result (state {job.state}, "
+                   f"{type(e).__name__}); its output: {job.paths.stdout}")
+            ret = JobReturn()
+            ret.status = JobStatus.FAILED
+            ret.return_value = JobDied(why)
+            return ret

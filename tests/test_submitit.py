@@ -1,0 +1,166 @@
+"""The vitsweep sweeper on the real hydra-submitit-launcher (`hydra/launcher=submitit_local`): a grid runs each point
+once, a TPE study reaches its budget with two workers, the pruner stops trials, a job killed mid-trial is retried
+in its run dir from its checkpoint, SIGTERM to the sweep cancels its job and the same command resumes it, and a
+launcher setting that would run a trial twice is refused (docs/slurm.md).
+
+Each job is a fresh Python process started by submitit, so a job costs a few seconds; the trials are the tiny task
+in tests/sweeper_app."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from hydra_plugins.vitsweep_sweeper import study as st
+from tests.helpers import APP, GRID, LIVENESS, ROOT, assert_each_point_once, counted, gone, load, sweep, wait_for
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [submitit] extra")
+LOCAL = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
+
+
+def test_a_grid_in_batches_runs_each_point_once(tmp_path):
+    sweep(tmp_path, *LOCAL, *GRID, "hydra.sweeper.n_jobs=4", "hydra.sweeper.n_trials=6")
+    assert_each_point_once(load(tmp_path))
+    assert (tmp_path / ".submitit").is_dir()  # the jobs went through submitit
+    assert yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())["states"] == {"COMPLETE": 6}
+
+
+def test_a_tpe_study_with_two_workers_reaches_its_budget(tmp_path):
+    proc = sweep(tmp_path, *LOCAL, "x=interval(-2,2)", "y=interval(-2,2)", "hydra.sweeper.n_workers=2",
+                 "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=5")
+    study = load(tmp_path)
+    assert len(counted(study)) == 5 and all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert "TPESampler" in proc.stdout + proc.stderr
+    owners = {t.system_attrs[st.WORKER_ATTR].rpartition(":")[2] for t in study.trials}
+    assert len(owners) == 2, "both workers launched batches"
+    for t in study.trials:  # each trial ran in its own job, under its job number, and reported every epoch
+        assert Path(t.user_attrs["run_dir"]) == tmp_path / str(t.number)
+        assert len(t.intermediate_values) == 3
+
+
+def test_pruning_stops_bad_trials_in_submitit_jobs(tmp_path):
+    sweep(tmp_path, *LOCAL, "x=choice(0,1)", "bad=choice(true,false)", "y=choice(0,1)", "epochs=4",
+          "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_jobs=4",
+          "hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_startup_trials=2", "hydra.sweeper.n_trials=8")
+    study = load(tmp_path)
+    pruned = study.get_trials(states=(TrialState.PRUNED,))
+    assert len(study.trials) == 8 and pruned, [(t.params, t.state) for t in study.trials]
+    for t in pruned:
+        assert t.params["bad"]
+        summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        assert summary["stop_reason"] == "pruned" and summary["trial_number"] == t.number
+
+
+def _job_task(tmp_path):
+    """The pid of the task process of a live submitit_local job of the sweep in tmp_path (the job id is the pid
+    of submitit's controller, whose child runs the task)."""
+    jobs = {int(d.name) for d in (tmp_path / ".submitit").glob("[0-9]*")}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+            if ppid in jobs and b"submitit" in Path(f"/proc/{entry}/cmdline").read_bytes() and not gone(int(entry)):
+                return int(entry)
+        except (OSError, ValueError, IndexError):
+            pass
+    return None
+
+
+@pytest.mark.faults
+def test_a_job_killed_mid_trial_is_retried_in_its_run_dir_from_its_checkpoint(tmp_path):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("finds the job's process through /proc (Linux)")
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", "epochs=4", "sleep_s=1",
+            "hydra.sweeper.n_trials=2", *LIVENESS]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
+                                        if len(t.intermediate_values) >= 2), None), what="a trial two epochs in")
+        os.kill(wait_for(lambda: _job_task(tmp_path), what="its submitit task"), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "ended without a result" in out and "retried as trial" in out, out[-3000:]
+    study = load(tmp_path)
+    assert len(counted(study)) == 2, "the budget counts the retry, not the killed trial"
+    dead = study.trials[victim.number]
+    assert dead.state == TrialState.FAIL and "ended without a result" in dead.user_attrs["error"]
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == dead.params and retry.user_attrs["retries"] == 1
+    run_dir = tmp_path / str(victim.number)
+    assert Path(retry.user_attrs["run_dir"]) == run_dir  # the killed job's run dir
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trial_number"] == retry.number and summary["resumed_from_epoch"] >= 2  # from its checkpoint
+    epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1, 2, 3], "one curve, no epoch run twice"
+    assert sorted(retry.intermediate_values) == [0, 1, 2, 3]
+    results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert results["states"] == {"COMPLETE": 2}  # an interrupted trial is listed as retried, not as a state
+    assert [r["retry_of"] for r in results["retried"]] == [victim.number]
+
+
+def test_several_tasks_per_trial_are_refused_before_any_trial(tmp_path):
+    proc = sweep(tmp_path, *LOCAL, "x=choice(0,1)", "hydra.launcher.tasks_per_node=2", check=False)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "hydra.launcher.tasks_per_node=2" in err and "would run each trial's job 2 times" in err, err[-2000:]
+    assert not (tmp_path / ".submitit").exists()
+
+
+def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
+    """Under submitit_slurm the sweeper's workers set no OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES or pinning: sbatch
+    would export them into the jobs, which get their own resources from SLURM."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.vitsweep_sweeper import _submitit
+
+    def cfg(target):
+        return OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+    prefix = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
+    assert _submitit.is_remote(cfg(prefix + "SlurmLauncher"))
+    assert not _submitit.is_remote(cfg(prefix + "LocalLauncher"))
+    assert not _submitit.is_remote(cfg("hydra._internal.core_plugins.basic_launcher.BasicLauncher"))
+
+
+@pytest.mark.faults
+def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them(tmp_path):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("finds the job's process through /proc (Linux)")
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", "epochs=5", "sleep_s=1",
+            "hydra.sweeper.n_trials=2", *LIVENESS]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
+                                        if t.intermediate_values), None), what="a trial one epoch in")
+        task = wait_for(lambda: _job_task(tmp_path), what="its submitit task")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    wait_for(lambda: gone(task), timeout=30, what="the cancelled job to end")
+    stopped = load(tmp_path).trials[victim.number]
+    assert stopped.state == TrialState.FAIL and "interrupted" in stopped.user_attrs["error"]
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    study = load(tmp_path)
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == stopped.params and retry.user_attrs["retries"] == 0
+    run_dir = tmp_path / str(victim.number)
+    assert Path(retry.user_attrs["run_dir"]) == run_dir
+    epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1, 2, 3, 4] and json.loads((run_dir / "summary.json").read_text())["resumed_from_epoch"] >= 1
+    assert len(counted(study)) == 2
