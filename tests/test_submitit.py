@@ -71,15 +71,23 @@ def _job_task(tmp_path):
     return None
 
 
-@pytest.mark.faults
-def test_a_job_killed_mid_trial_is_retried_in_its_run_dir_from_its_checkpoint(tmp_path):
+def _start_resumable_sweep(tmp_path, epochs: int) -> subprocess.Popen:
+    """A 2-trial submitit_local study of the app, whose jobs resume from their metrics file (its checkpoint)."""
     if not os.path.isdir("/proc/self"):
         pytest.skip("finds the job's process through /proc (Linux)")
-    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", "epochs=4", "sleep_s=1",
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", f"epochs={epochs}", "sleep_s=1",
             "hydra.sweeper.n_trials=2", *LIVENESS]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
-    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=_resume_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _resume_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
+
+
+@pytest.mark.faults
+def test_a_job_killed_mid_trial_is_retried_in_its_run_dir_from_its_checkpoint(tmp_path):
+    proc = _start_resumable_sweep(tmp_path, epochs=4)
     try:
         victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
                                         if len(t.intermediate_values) >= 2), None), what="a trial two epochs in")
@@ -133,13 +141,7 @@ def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
 
 @pytest.mark.faults
 def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them(tmp_path):
-    if not os.path.isdir("/proc/self"):
-        pytest.skip("finds the job's process through /proc (Linux)")
-    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=interval(-2,2)", "epochs=5", "sleep_s=1",
-            "hydra.sweeper.n_trials=2", *LIVENESS]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_RESUME": "1"}
-    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = _start_resumable_sweep(tmp_path, epochs=5)
     try:
         victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
                                         if t.intermediate_values), None), what="a trial one epoch in")
@@ -153,8 +155,7 @@ def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them
     wait_for(lambda: gone(task), timeout=30, what="the cancelled job to end")
     stopped = load(tmp_path).trials[victim.number]
     assert stopped.state == TrialState.FAIL and "interrupted" in stopped.user_attrs["error"]
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(proc.args, cwd=tmp_path, env=_resume_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     study = load(tmp_path)
     (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == victim.number]
