@@ -45,7 +45,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = num
         configs.append(cfg)
-    gpus = _visible_gpus(configs[0])
+    gpus = _job_gpus(configs[0])
     units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
     cores = _cpu_count()  # the cores this process may use (a vitsweep sweeper worker is pinned to its share)
     n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
@@ -159,7 +159,7 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _visible_gpus(cfg: DictConfig) -> list[str]:
+def _job_gpus(cfg: DictConfig) -> list[str]:
     """CUDA device ids the jobs train on (empty when they train on CPU): from `trainer.device`."""
     device = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
     if device == "cpu":

@@ -751,7 +751,9 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _visible_gpus() -> list[str]:
+def _machine_gpus() -> list[str]:
+    """The GPUs of this machine the sweeper's workers may share out (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`),
+    read without importing torch; the launcher's `_job_gpus` asks which ones the jobs will train on."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
@@ -771,7 +773,7 @@ def _core_share(worker_id: int, n_workers: int) -> set[int]:
 def _pin(worker_id: int, n_workers: int) -> Callable[[], None] | None:
     """Pin a CPU worker to its share of the cores, so that everything in it (its torch threads, a launcher's
     process pool sized by the cores it sees) splits that share and no more. None with GPUs (one each)."""
-    if not hasattr(os, "sched_setaffinity") or len(_visible_gpus()) >= 2:
+    if not hasattr(os, "sched_setaffinity") or len(_machine_gpus()) >= 2:
         return None
     share = _core_share(worker_id, n_workers)
     return lambda: os.sched_setaffinity(0, share)
@@ -781,7 +783,7 @@ def _worker_env(worker_id: int, n_workers: int) -> dict[str, str]:
     """Worker i gets GPU i (round robin) when there are GPUs, else an equal share of the CPU cores."""
     env = dict(os.environ)
     env[lv.PARENT_ENV] = str(os.getpid())
-    gpus = _visible_gpus()
+    gpus = _machine_gpus()
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[(worker_id - 1) % len(gpus)]
     if len(gpus) < 2:
