@@ -553,9 +553,9 @@ class SweeperImpl:
         return keep + [
             "hydra.sweeper.n_workers=1",
             f"hydra.sweeper.worker_id={worker_id}",
-            f"hydra.sweeper.storage={_quote(self.url)}",
-            f"hydra.sweeper.study_name={_quote(self.name)}",
-            f"hydra.sweep.dir={_quote(str(Path(self.sweep_dir).absolute()))}",
+            f"hydra.sweeper.storage={protocol.quote(self.url)}",
+            f"hydra.sweeper.study_name={protocol.quote(self.name)}",
+            f"hydra.sweep.dir={protocol.quote(str(Path(self.sweep_dir).absolute()))}",
         ]
 
 
@@ -743,12 +743,8 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, str) and any(c in value for c in " ,()[]{}'\"=:"):
-        return _quote(value)
+        return protocol.quote(value)
     return str(value)
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _machine_gpus() -> list[str]:

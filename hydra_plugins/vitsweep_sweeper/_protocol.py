@@ -26,10 +26,11 @@ class TrialIdentity:
 def env_overrides(trial: TrialIdentity) -> list[str]:
     """The Hydra overrides that hand ``trial`` to its job (``hydra.job.env_set``, quoted for the override parser)."""
     values = {"study_name": trial.study_name, "number": str(trial.number), "storage": trial.storage}
-    return [f"++hydra.job.env_set.{ENV[k]}={_quote(v)}" for k, v in values.items()]
+    return [f"++hydra.job.env_set.{ENV[k]}={quote(v)}" for k, v in values.items()]
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
+    """``text`` as a single-quoted value of Hydra's override grammar (backslashes and quotes escaped)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
