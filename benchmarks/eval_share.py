@@ -1,4 +1,4 @@
-"""Evaluation's share of a small-model run's wall time (issue 20), before and after.
+"""Evaluation's share of a small-model run's wall time, before and after.
 
     python benchmarks/eval_share.py --root ../shared/data/mnist.npz              # widths 4, 16, 32
     python benchmarks/eval_share.py --widths 16 --precisions fp32,bf16 --epochs 3
@@ -13,7 +13,7 @@ the printed figures are medians over the other epochs, in wall seconds and in pr
 latter moves less when other processes load the machine).
 
 Shares, evaluation / (training + evaluation), for a run of ``--run-epochs`` epochs at ``eval_every=1``:
-  before: train and test split scored every epoch at eval batch 256 (the defaults before issue 20);
+  before: train and test split scored every epoch at eval batch 256 (the earlier defaults);
   batch:  the same at eval batch 1024 (the new default);
   after:  eval batch 1024, the train split every epoch, the test split every ``--test-every`` epochs and at
           the final evaluation (``trainer.test_every``), i.e. ceil(run_epochs / test_every) test scorings;
@@ -42,7 +42,7 @@ from src.run_state import setup  # noqa: E402
 from src.trainer import StopSignal, train_epoch  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 
-BEFORE_BATCH, AFTER_BATCH = 256, 1024  # trainer.eval_batch_size before and after issue 20
+BEFORE_BATCH, AFTER_BATCH = 256, 1024  # trainer.eval_batch_size before and after the change
 
 
 def cpu_model() -> str:

@@ -106,7 +106,7 @@ BN_START_SHARE = 0.01
 def test_due(state: RunState, final: bool) -> bool:
     """Whether this evaluation scores the test split: the final evaluation always does, the others every
     ``trainer.test_every`` epochs (null: none but the final one). Scoring 10,000 test images costs more than a
-    small model's training epoch (issue 20), and the studies' curves need only the final test error."""
+    small model's training epoch, and the studies' curves need only the final test error."""
     every = state.cfg["trainer"].get("test_every", 1)
     return final or (every is not None and state.epoch % int(every) == 0)
 

@@ -191,7 +191,7 @@ def test_the_heads_depth_declared_analysis_regenerates_from_its_committed_record
 
 
 def test_committed_records_hold_no_absolute_machine_paths():
-    """Records read the same on any clone: no path of the machine that ran them (issue 26)."""
+    """Records read the same on any clone: no path of the machine that ran them."""
     import re
 
     bad = re.compile(r"(/work/|/tmp/|/root/)")

@@ -1,4 +1,4 @@
-"""Evaluation (issue 20): the fast path records the same metrics as a plain reference evaluation, and
+"""Evaluation: the fast path records the same metrics as a plain reference evaluation, and
 ``trainer.test_every`` scores the test split only where due, always at the final evaluation."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``trainer.precision=auto`` on a CPU with native bf16 (issue 20): it times the model in fp32 and bf16 and takes
+"""``trainer.precision=auto`` on a CPU with native bf16: it times the model in fp32 and bf16 and takes
 the faster, without changing the run it chooses for, and a resumed run keeps the precision it started with."""
 from __future__ import annotations
 

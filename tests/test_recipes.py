@@ -21,14 +21,14 @@ from tests.conftest import CONF, ROOT, compose_cfg
 STUDIES = sorted(p.name for p in sweep.SCALES.iterdir() if p.is_dir())  # studies with named scales
 EPFL = ["double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit", "double_descent_vit_cifar10",
         "heads_depth"]
-# The settings issue 19 asks every EPFL table to state (first column, case-insensitive substring).
+# The settings every EPFL recipe table states (first column, case-insensitive substring).
 SETTINGS = ["optimizer", "lr", "schedule", "batch", "stop rule", "image size", "label noise", "seeds",
             "training-set size"]
 # Keys a scale may change: sizes, caps, seeds and the grid. Everything else is the recipe.
 SIZE_KEYS = ("dataset.n_train", "trainer.max_epochs", "trainer.max_steps", "hydra.sweeper.params",
              "hydra.sweeper.n_trials", "hydra.sweeper.n_jobs")
 # Keys a scale may sweep as arms although `paper` fixes them (a pilot's size and lr ladders, a weight-decay arm):
-# the ladder must hold the paper's own value, so the recipe is one of the arms (issue 26).
+# the ladder must hold the paper's own value, so the recipe is one of the arms.
 ARM_KEYS = ("dataset.n_train", "optimizer.lr", "optimizer.weight_decay")
 
 
