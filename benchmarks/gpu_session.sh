@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # The GPU checks of the launcher and studies issues, stage by stage, on a machine with CUDA.
-# Not yet run on a GPU (none has been lent to this project's machines): expect to mend a step or two.
 #
 #   DATA=../shared/data OUT=outputs/gpu bash benchmarks/gpu_session.sh smoke grid vit
 #
@@ -9,6 +8,7 @@
 #            epoch, a stacked multirun, a small double-descent sweep through the vitsweep sweeper + report
 #   grid     benchmarks/grid.py on the full MNIST training set: basic launcher (one run after another)
 #            against the vectorized launcher (stacked members; also with 4 processes sharing the GPU)
+#   profile  benchmarks/step_profile.py on CUDA (where a step's time goes, against the measured matmul peak)
 #   vit      benchmarks/throughput.py: the default CIFAR-10 ViT with bf16 + torch.compile, and the time of
 #            one 50-epoch patch-4 run of the seed report's recipe on CIFAR-10-shaped data
 # A .whl/ folder of wheels beside the checkout (Hydra, Optuna, ... for a machine without them) is installed
@@ -71,6 +71,16 @@ grid4() {
 vit() {
   TAIL=25 step vit_throughput 300 python3 benchmarks/throughput.py --steps 100 --warmup 5
   TAIL=25 step vit_throughput_patch2 300 python3 benchmarks/throughput.py --patch 2 --steps 50 --warmup 5
+}
+
+profile() {  # benchmarks/step_profile.py on CUDA: the default ViT (eager, then compiled) and the study CNN at C1 = 64
+  mkdir -p "$OUT/logs/profile"
+  TAIL=40 step profile_vit "${PROFILE_BOX:-120}" python3 benchmarks/step_profile.py --steps 30 --profile-steps 5 \
+    --out "$OUT/logs/profile"
+  [ "${PROFILE_COMPILED:-1}" = 1 ] && TAIL=8 step profile_vit_compiled "${PROFILE_BOX:-120}" python3 benchmarks/step_profile.py --steps 30 \
+    --profile-steps 3 --compile on --top 5 --out "$OUT/logs/profile" --tag compiled
+  TAIL=30 step profile_cnn64 "${PROFILE_BOX:-120}" python3 benchmarks/step_profile.py --model cnn --width 64 \
+    --augment none --steps 30 --profile-steps 5 --out "$OUT/logs/profile" --tag width64
 }
 
 for stage in "$@"; do

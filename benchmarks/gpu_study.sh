@@ -3,7 +3,8 @@
 # `tests` step), the pilot, the design rules applied to it (analysis.design), then the main run's two stop arms at
 # what the rules chose, each step in a time box; records come back packed under $OUT.
 #
-#   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh
+#   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh             # pilot, design rules, main
+#   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
 #
 # DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
 # first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
@@ -51,6 +52,31 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then KI
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))"
 echo "cpus $(nproc)"
+
+if [ "${MODE:-pilot}" = main ]; then  # the declared main run alone (scale main), both stop arms at once
+  # an earlier call's committed state (its storage names $W/main, where it ran): the sweep resumes it
+  SEED=docs/studies/double_descent_cnn_cifar10/in_progress/main
+  [ "$W" = /tmp/vitsweep_gpu ] && [ -d "$SEED" ] && [ ! -d "$W/main" ] && cp -a "$SEED" "$W/main" && echo "resuming $SEED"
+  for arm in main main_fixed; do  # the fixed arm: every run the full 300 epochs (the scale's header)
+    extra=(); [ $arm = main_fixed ] && extra=(trainer.converge_epochs=null
+      hydra.sweeper.study_name=double_descent_cnn_cifar10_main_fixed)
+    step "$arm" $(( $(left) - 30 )) python3 -m src.sweep double_descent_cnn_cifar10 scale=main "${CIFAR[@]}" \
+      "${GPU[@]}" "${extra[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/$arm" &
+  done
+  wait
+  for scale in main main_fixed; do
+    python3 -m analysis.design test "$W/$scale" --pilot docs/studies/double_descent_cnn_cifar10/records/pilot_gpu \
+      docs/studies/double_descent_cnn_cifar10/records/pilot_gpu_threshold --out "$LOG/test_$scale.md" >/dev/null 2>>"$LOG/plan.err"
+    ls "$W/$scale"/*/summary.json 2>/dev/null | wc -l | xargs echo "$scale summaries:"
+  done
+  for d in main main_fixed; do
+    tar -czf "$OUT/records_$d.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher "$d" 2>/dev/null
+  done
+  tar -czf "$OUT/logs.tar.gz" -C "$W" logs
+  ls -la "$OUT"
+  echo "total $((SECONDS - T0)) s"
+  exit 0
+fi
 
 # the CUDA tests beside the pilots (their own 4 processes)
 [ "${TESTS_BOX:-90}" -gt 0 ] && step tests "${TESTS_BOX:-90}" python3 -m pytest -p no:cacheprovider -q -n 4 \

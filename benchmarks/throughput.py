@@ -237,6 +237,7 @@ class VitsweepPath:
         self.model, self.step_model, self.optimizer = state.model, state.step_model, state.optimizer
         self.autocast, self.scaler, self.loader = state.autocast, state.scaler, state.train_loader
         self.base_lr = state.schedule.base_lr
+        self.info = state.info  # the run's resolved facts (precision, attention path and why)
 
     def batches(self):
         while True:

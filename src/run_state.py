@@ -94,6 +94,22 @@ def measure_precision(model: torch.nn.Module, image_shape: tuple[int, ...], num_
     return ("bf16" if seconds["fp32"] >= BF16_MARGIN * seconds["bf16"] else "fp32"), seconds
 
 
+def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.device,
+                      precision: str) -> dict[str, Any]:
+    """``model.attention``: resolve ``auto`` by measurement (``src.models.attention_probe``) and log the choice.
+    Returns the summary's facts: ``attention`` (the path) and, for ``auto``, the probe's seconds and reason."""
+    if not hasattr(model, "attention_path"):
+        return {}
+    if model.attention != "auto":
+        return {"attention": model.attention_path()}
+    from src.models.attention_probe import choose_attention
+
+    path, seconds, reason = choose_attention(model, batch_size, autocast_for(device, precision), precision == "bf16")
+    model.set_attention_path(path)
+    log.info("attention auto: %s (%s)", path, reason)
+    return {"attention": path, "attention_probe_s": seconds, "attention_reason": reason}
+
+
 def setup_device(device: torch.device, t: Mapping[str, Any]) -> None:
     """Process-wide settings for training on ``device``: CPU threads, TF32 and cuDNN autotuning on CUDA."""
     if t.get("num_threads"):
@@ -196,6 +212,7 @@ class RunState:
             "rng": {"torch": torch.get_rng_state(), "cuda": list(cuda)}, "loader": self.train_loader.state_dict(),
             "steps_per_epoch": len(self.train_loader),  # the schedule's horizon under other limits (check_extension)
             "precision": self.info["precision"],  # what `auto` chose: a resumed run keeps it
+            "attention": self.info.get("attention"),  # likewise model.attention=auto's path
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -215,6 +232,9 @@ class RunState:
         if state.get("precision", self.info["precision"]) != self.info["precision"]:  # auto chose otherwise now
             self.info["precision"] = state["precision"]
             self.autocast = autocast_for(self.device, state["precision"])
+        if state.get("attention") and state["attention"] != self.info.get("attention"):  # auto chose otherwise now
+            self.info["attention"] = state["attention"]
+            self.model.set_attention_path(state["attention"])
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
 
@@ -301,6 +321,7 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
                                              min(int(t["batch_size"]), len(data.y_train)), channels_last)
         log.info("precision auto: %s (forward + backward %.1f ms in fp32, %.1f ms in bf16)", precision,
                  1e3 * probe["fp32"], 1e3 * probe["bf16"])
+    attention = resolve_attention(model, min(int(t["batch_size"]), len(data.y_train)), device, precision)
     optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)
@@ -319,5 +340,5 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
         train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance),
         recorder=RunRecorder(run_dir) if run_dir is not None else None, objective_name=objective,
         info=_summary_info(cfg, data, flipped, params, device, precision, objective, chance, run_dir)
-        | ({"precision_probe_s": probe} if probe else {}),
+        | ({"precision_probe_s": probe} if probe else {}) | attention,
         class_weights=data.class_weights.to(device) if data.class_weights is not None else None)

@@ -19,6 +19,7 @@ from src.models.vit import ViT
 from src.optim import build_optimizer
 from src.run_state import autocast_for, setup_device, use_channels_last
 from src.trainer import train, train_step
+from tests.conftest import TINY, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (no GPU on this machine)")
@@ -74,11 +75,11 @@ def test_dropout_on_cuda_is_torchs():
 
 
 def test_cpu_training_attention_path_agrees_with_sdpa(monkeypatch):
-    """CPU training with dropout takes the lean block's explicit attention; with every element kept it
+    """CPU training with dropout on the explicit path takes the lean block's attention; with every element kept it
     equals SDPA's attention scaled by 1/(1-p) (dropout's scale on the weights and on the projection output)."""
     torch.manual_seed(0)
     p, B, T, D, H = 0.1, 3, 9, 32, 4
-    block = LeanBlock(dim=D, heads=H, mlp_dim=2 * D, dropout=p).train()
+    block = LeanBlock(dim=D, heads=H, mlp_dim=2 * D, dropout=p, attention="explicit").train()
     qkv = torch.randn(B, T, 3 * D, requires_grad=True)
     for module in ("src.models.layers", "src.models.lean"):
         monkeypatch.setattr(f"{module}.dropout_keep", lambda t, p: torch.ones_like(t, dtype=torch.bool))
@@ -255,3 +256,76 @@ def test_eval_share_benchmark_prints_the_shares(capsys):
     s = eval_share.shares(m, 10, 5, 0)
     assert s["before"] == pytest.approx(50 / 90) and s["after"] == pytest.approx(14 / 54)
     assert s["final"] == pytest.approx(12 / 52)
+
+
+# --------------------------------------------------------------------------- attention paths (model.attention)
+@pytest.mark.parametrize("precision, tol", [("fp32", 1e-5), ("bf16", 3e-2)])
+@pytest.mark.parametrize("lean", [True, False])
+def test_attention_paths_agree_forward_and_backward(precision, tol, lean):
+    """sdpa, math and explicit give the same loss and gradients (within bf16's precision under autocast), on
+    the lean CPU training block and the plain one."""
+    torch.manual_seed(0)
+    model = ViT(16, 3, 10, patch=4, dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0, lean=lean).train()
+    x, y = torch.randn(6, 3, 16, 16), torch.randint(0, 10, (6,))
+    results = {}
+    for path in ("sdpa", "math", "explicit"):
+        model.set_attention_path(path)
+        assert model.attention_path() == path
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+            loss = F.cross_entropy(model(x).float(), y)
+        results[path] = (loss.detach(), torch.autograd.grad(loss, list(model.parameters())))
+    ref_loss, ref_grads = results["sdpa"]
+    for path in ("math", "explicit"):
+        loss, grads = results[path]
+        assert torch.allclose(loss, ref_loss, atol=tol, rtol=tol), (path, loss, ref_loss)
+        for a, b in zip(grads, ref_grads, strict=True):
+            scale = b.abs().max().clamp_min(1e-6)
+            assert (a - b).abs().max() <= tol * scale * 4, path
+
+
+def test_attention_auto_takes_the_measured_fastest_and_keeps_sdpa_on_near_ties(monkeypatch):
+    from src.models import attention_probe
+
+    model = ViT(16, 3, 10, patch=4, dim=32, depth=2, heads=4, mlp_dim=64)
+    assert model.attention == "auto" and model.attention_path() == "sdpa"  # until the set-up resolves it
+    for timings, expected in (({"sdpa": 2.0, "math": 1.5, "explicit": 1.0}, "explicit"),
+                              ({"sdpa": 1.0, "math": 0.99, "explicit": 0.98}, "sdpa"),  # within the margin
+                              ({"sdpa": 1.0, "math": 0.5, "explicit": 0.9}, "math")):
+        seen = iter(timings.values())
+        monkeypatch.setattr(attention_probe, "block_seconds", lambda block, x, autocast, seen=seen: next(seen))
+        path, seconds, reason = attention_probe.choose_attention(model, 8, contextlib.nullcontext(), False)
+        assert path == expected and seconds == timings and "explicit" in reason
+    # too long a sequence for the T x T matrices: only sdpa is tried
+    monkeypatch.setattr(attention_probe, "MATRIX_BUDGET_BYTES", 0)
+    monkeypatch.setattr(attention_probe, "block_seconds", lambda block, x, autocast: 1.0)
+    path, seconds, reason = attention_probe.choose_attention(model, 8, contextlib.nullcontext(), False)
+    assert path == "sdpa" and list(seconds) == ["sdpa"] and "not tried" in reason
+
+
+def test_attention_auto_is_recorded_and_a_resumed_run_keeps_its_path():
+    """The set-up resolves auto, the summary names the path and why, the probe leaves the random state as it
+    was, and a checkpoint's path wins over a new probe's."""
+    from src.run_state import setup
+
+    cfg = compose_cfg([o for o in TINY if o != "model.attention=sdpa"])
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    state = setup(cfg, run_dir=None)
+    assert state.info["attention"] in ("sdpa", "math", "explicit")
+    assert set(state.info["attention_probe_s"]) == {"sdpa", "math", "explicit"}
+    assert "forward + backward" in state.info["attention_reason"]
+    saved = state.state_dict()
+    other = "math" if state.info["attention"] != "math" else "explicit"
+    saved["attention"] = other
+    fresh = setup(cfg, run_dir=None)
+    fresh.load_state_dict(saved)
+    assert fresh.info["attention"] == other and fresh.model.attention_path() == other
+    torch.manual_seed(123)
+    assert torch.equal(torch.get_rng_state(), before)
+    pinned = setup(compose_cfg(TINY), run_dir=None)
+    assert pinned.info["attention"] == "sdpa" and "attention_probe_s" not in pinned.info
+
+
+def test_an_unknown_attention_path_names_the_choices():
+    with pytest.raises(ValueError, match=r"model.attention='flash2' is not one of \('auto', 'sdpa', 'math'"):
+        ViT(16, 3, 10, patch=4, dim=32, depth=1, heads=4, mlp_dim=64, attention="flash2")

@@ -3,9 +3,21 @@
 The memory-lean CPU training paths of the block live in ``src.models.lean`` (``model.lean``)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# model.attention: how softmax(q k^T / sqrt(d)) v is computed in training and evaluation (attention maps and
+# stacked members always take the explicit ops). ``auto`` is resolved per run by ``src.models.attention_probe``.
+#   sdpa      F.scaled_dot_product_attention with PyTorch's backend choice (flash / memory-efficient / cuDNN;
+#             on CPU the flash kernel, or the math one when dropout is on): never materialises the T x T matrix
+#   math      the same call restricted to SDPBackend.MATH (composite ops, T x T materialised)
+#   explicit  this module's own ops (on eager CPU training: the memory-lean custom autograd of src.models.lean)
+ATTENTION_PATHS = ("sdpa", "math", "explicit")
+MATERIALISES = ("math", "explicit")  # paths that hold the (B, heads, T, T) matrix
 
 
 def dropout_keep(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -78,8 +90,11 @@ class Attention(nn.Module):
     CPU training path (``src.models.lean``) reuses :meth:`split_heads` and :meth:`merge_heads`.
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, path: str = "sdpa"):
         super().__init__()
+        if path not in ATTENTION_PATHS:
+            raise ValueError(f"model.attention={path!r} is not one of {('auto', *ATTENTION_PATHS)}")
+        self.path = path
         self.heads = heads
         self.head_dim = dim // heads
         self.qkv = nn.Linear(dim, 3 * dim)
@@ -100,11 +115,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = self.split_heads(self.qkv(x))  # each (B, heads, T, head_dim)
-        if return_attn or under_torch_func(q):  # SDPA has no vmap batching rule
+        if return_attn or under_torch_func(q) or self.path == "explicit":  # SDPA has no vmap batching rule
             attn = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).float().softmax(dim=-1)  # (B, heads, T, T)
             return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn if return_attn else None
         p = self.attn_dropout if self.training else 0.0
-        return self.merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=p)), None
+        return self.merge_heads(sdpa(q, k, v, p, self.path)), None
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, path: str) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` on the ``sdpa`` path (PyTorch's backend choice) or the ``math`` one."""
+    with sdpa_kernel(SDPBackend.MATH) if path == "math" else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
 
 
 class MLP(nn.Module):
@@ -127,10 +148,10 @@ class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
     ``src.models.lean.LeanBlock`` is the same block with memory-lean CPU training paths."""
 
-    def __init__(self, dim: int, heads: int, mlp_dim: int, dropout: float = 0.0):
+    def __init__(self, dim: int, heads: int, mlp_dim: int, dropout: float = 0.0, attention: str = "sdpa"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dropout)
+        self.attn = Attention(dim, heads, dropout, attention)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.layers import Block, dropout_keep, eager_cpu
+from src.models.layers import Block, dropout_keep, eager_cpu, sdpa
 
 
 def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, has_bias: bool):
@@ -27,7 +27,7 @@ def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor
 
 class _DropAttention(torch.autograd.Function):
     """dropout(softmax(q k^T / sqrt(d))) @ v that saves only q, k, v (views of the fused QKV output), the
-    probabilities and the boolean keep-mask; the dropped probabilities are recomputed in backward.
+    probabilities and the boolean keep-mask (none at p = 0); the dropped probabilities are recomputed in backward.
 
     Autograd through the explicit ops also keeps contiguous copies of q and k and the dropped
     probabilities: for the default CIFAR-10 ViT at batch 128 that is 33 MiB more per block.
@@ -38,8 +38,8 @@ class _DropAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         scale, inv_keep = q.shape[-1] ** -0.5, 1.0 / (1.0 - p)
         probs = (q @ k.transpose(-2, -1)).mul_(scale).float().softmax(dim=-1).to(v.dtype)
-        keep = dropout_keep(probs, p)
-        out = (probs * keep).mul_(inv_keep) @ v
+        keep = dropout_keep(probs, p) if p > 0 else None  # p = 0: no mask, no draw
+        out = ((probs * keep).mul_(inv_keep) if keep is not None else probs) @ v
         ctx.save_for_backward(q, k, v, probs, keep)
         ctx.scale, ctx.inv_keep = scale, inv_keep
         return out
@@ -48,8 +48,11 @@ class _DropAttention(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):
         q, k, v, probs, keep = ctx.saved_tensors
-        grad_v = ((probs * keep).mul_(ctx.inv_keep)).transpose(-2, -1) @ grad
-        grad_p = (grad @ v.transpose(-2, -1)).mul_(keep).mul_(ctx.inv_keep)
+        dropped = (probs * keep).mul_(ctx.inv_keep) if keep is not None else probs
+        grad_v = dropped.transpose(-2, -1) @ grad
+        grad_p = grad @ v.transpose(-2, -1)
+        if keep is not None:
+            grad_p.mul_(keep).mul_(ctx.inv_keep)
         grad_s = grad_p.sub_((grad_p * probs).sum(dim=-1, keepdim=True)).mul_(probs).mul_(ctx.scale)  # softmax bwd
         return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, None
 
@@ -121,8 +124,11 @@ class LeanBlock(Block):
 
     def _attention(self, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = self.attn.split_heads(qkv)  # each (B, heads, T, head_dim)
-        p = self.attn.attn_dropout
-        out = _DropAttention.apply(q, k, v, p) if 0 < p < 1 else F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        p, path = self.attn.attn_dropout, self.attn.path
+        if path == "explicit":  # the explicit ops with the memory-lean autograd (p = 0: a mask that keeps all)
+            out = _DropAttention.apply(q, k, v, p if 0 < p < 1 else 0.0)
+        else:
+            out = sdpa(q, k, v, p, path)
         return self.attn.merge_heads(out)
 
     def _mlp(self, a: torch.Tensor) -> torch.Tensor:

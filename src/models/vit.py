@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from src.models.layers import Block, Dropout, PatchEmbed
+from src.models.layers import ATTENTION_PATHS, Attention, Block, Dropout, PatchEmbed
 from src.models.lean import LeanBlock
 
 
@@ -48,8 +48,12 @@ class ViT(nn.Module):
         stem_stride: int = 1,
         lean: bool = True,
         init: str = "big_vision",
+        attention: str = "auto",
     ):
         super().__init__()
+        if attention not in ("auto", *ATTENTION_PATHS):
+            raise ValueError(f"model.attention={attention!r} is not one of {('auto', *ATTENTION_PATHS)}: auto "
+                             "(measured per run, src/models/attention_probe.py) or a path of src/models/layers.py")
         if init not in INITS:
             raise ValueError(f"model.init={init!r} is not one of {INITS}: big_vision (the original ViT's scheme) "
                              "or torch (PyTorch's layer defaults, as in the UvA tutorial the EPFL study cites)")
@@ -63,10 +67,24 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, dim))
         self.pos_drop = Dropout(dropout)
         block = LeanBlock if lean else Block  # same parameters; LeanBlock saves less on CPU (src/models/lean.py)
-        self.blocks = nn.ModuleList(block(dim, heads, mlp_dim, dropout) for _ in range(depth))
+        # `auto` is resolved by the trainer's set-up (src.models.attention_probe); until then: sdpa
+        self.attention = attention
+        path = "sdpa" if attention == "auto" else attention
+        self.blocks = nn.ModuleList(block(dim, heads, mlp_dim, dropout, path) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         self.init_weights(init)
+
+    def attention_path(self) -> str:
+        """The path every block's attention takes now (``model.attention``, ``auto`` once resolved)."""
+        return self.blocks[0].attn.path
+
+    def set_attention_path(self, path: str) -> None:
+        if path not in ATTENTION_PATHS:
+            raise ValueError(f"attention path {path!r} is not one of {ATTENTION_PATHS}")
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.path = path
 
     def init_weights(self, init: str = "big_vision") -> None:
         """``big_vision``: the original ViT's scheme: Xavier-uniform dense layers, zero biases, LeCun-normal
