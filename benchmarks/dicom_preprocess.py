@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from src.data import mammo  # noqa: E402
 from src.data.dicom import read_dicom  # noqa: E402
-from tests.dicom_fixtures import phantom, write_dicom  # noqa: E402
+from src.data.synthetic_dicom import phantom, write_dicom  # noqa: E402
 
 
 def synthetic_tree(folder: Path, n: int, shape: tuple[int, int], syntax: str, seed: int = 0) -> list[Path]:

@@ -11,7 +11,7 @@ pydicom = pytest.importorskip("pydicom", reason="needs the dicom extra: pip inst
 
 from src.data import mammo  # noqa: E402
 from src.data.dicom import MissingDecoderError, preprocess, read_dicom  # noqa: E402
-from tests.dicom_fixtures import SQUARE_COLS, SQUARE_ROWS, available_syntaxes, make_rsna_tree, phantom, write_dicom  # noqa: E402
+from src.data.synthetic_dicom import SQUARE_COLS, SQUARE_ROWS, available_syntaxes, make_rsna_tree, phantom, write_dicom  # noqa: E402
 
 SIZE = 32  # output pixels: small keeps the suite fast
 

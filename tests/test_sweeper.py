@@ -534,7 +534,7 @@ def test_sweep_file_runs_shrunk(tmp_path, name):
              "mnist_vit": ["dataset.image_size=16"]}.get(name, [])
     shrink = SHRINK
     if name == "rsna_patch_size":  # a small synthetic RSNA tree instead of digits
-        from tests.dicom_fixtures import make_rsna_tree
+        from src.data.synthetic_dicom import make_rsna_tree
 
         make_rsna_tree(tmp_path / "rsna", n_patients=12, positives=(1, 5, 9))
         shrink = [s for s in SHRINK if not s.startswith("dataset")]

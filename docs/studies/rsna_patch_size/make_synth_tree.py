@@ -2,7 +2,7 @@
 
     python docs/studies/rsna_patch_size/make_synth_tree.py /tmp/rsna_synth
 
-Uses the project's own fixture ``tests.dicom_fixtures.make_rsna_tree``: 50 patients x 4 images
+Uses the project's own generator ``src.data.synthetic_dicom.make_rsna_tree``: 50 patients x 4 images
 (L/R x CC/MLO) of one 160 x 128 phantom, every transfer syntax this environment can encode, 12/14/16
 bit, MONOCHROME1/2, with and without a VOI window and rescale, plus one truncated file and one CSV row
 without a file. Every 4th patient is "positive" (left breast): the images do not depend on the label,
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.dicom_fixtures import available_syntaxes, make_rsna_tree
+from src.data.synthetic_dicom import available_syntaxes, make_rsna_tree
 
 N_PATIENTS = 50  # 200 images + 2 bad rows: 2 / 202 skipped stays within the default max_skip_fraction 0.01
 SIZE = (160, 128)  # pixels (rows, cols) of each stored mammogram: larger than the 64-px model input

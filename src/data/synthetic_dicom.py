@@ -1,4 +1,4 @@
-"""Synthetic DICOM mammograms for the DICOM tests and the preprocessing benchmark.
+"""Synthetic DICOM mammograms: the DICOM tests, the preprocessing benchmark and a tree to try the pipeline on.
 
 ``phantom`` draws a breast in canonical orientation (chest wall on the left) with a planted bright
 square near the top and a burnt-in marker separated from it by background; ``write_dicom`` stores
@@ -192,7 +192,7 @@ def make_rsna_tree(root: str | Path, n_patients: int = 8, positives: tuple[int, 
     return table
 
 
-if __name__ == "__main__":  # python -m tests.dicom_fixtures OUT [N_PATIENTS]: a synthetic RSNA tree to try the pipeline
+if __name__ == "__main__":  # python -m src.data.synthetic_dicom OUT [N_PATIENTS]: a synthetic RSNA tree
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/rsna_synthetic")
