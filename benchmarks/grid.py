@@ -7,8 +7,10 @@
 Each mode runs the same multirun (`python -m src.train -m ...`, progress bars off) in its own sweep dir
 under ``--out``, one mode after the other. Printed per mode: wall time, summed training images/s (all
 runs' training images / wall time), the ratio of wall times against the basic launcher, peak memory
-(resident set of the whole process tree, sampled every 0.1 s) and the largest difference of every run's
-final test error and train loss from the basic launcher's run of the same config.
+(resident set of the whole process tree, sampled every 0.5 s), the largest difference of every run's
+final test error and train loss from the basic launcher's run of the same config, and the efficiency: the
+runs' own wall times spread over the workers (the ideal) against the grid's wall time, with the per-job and
+pool overheads that make up the gap.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -64,9 +67,9 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)
     reader.start()
-    while proc.poll() is None:
+    while proc.poll() is None:  # every 0.5 s: scanning /proc costs CPU the grid would otherwise use
         peak = max(peak, tree_rss(proc.pid))
-        time.sleep(0.1)
+        time.sleep(0.5)
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode:
@@ -78,10 +81,32 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
             key = (d / ".hydra" / "overrides.yaml").read_text()
             runs[key] = s
     images = sum(s["steps"] * args.batch for s in runs.values())
+    # the launcher's own line per finished job: "[k/n] #idx objective ... in 3.2 s (worker 1) ..."
+    jobs = [(float(m.group(1)), int(m.group(2))) for line in log
+            if (m := re.search(r"\] #\d+ .* in ([\d.]+) s \(worker (-?\d+)\)", line))]
     gpu = max((s.get("peak_gpu_mem_gib", 0.0) for s in runs.values()), default=0.0)
     per_run = sorted(s["train_images_per_s"] for s in runs.values())
+    workers = max(1, len({w for _, w in jobs})) if jobs else 1
     return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak, "gpu": gpu,
-            "run_images_per_s": per_run[len(per_run) // 2]}
+            "run_images_per_s": per_run[len(per_run) // 2], "jobs": jobs, "workers": workers,
+            "run_s": sum(s["wall_s"] for s in runs.values())}
+
+
+def efficiency(r: dict) -> str:
+    """The grid's wall time against the ideal: its runs' own wall times (``summary.json``'s ``wall_s``: the
+    training, evaluations and checkpoints of a run, after its set-up) spread evenly over the workers; and where
+    the rest goes: per-job overhead (the launcher's time for a job beyond the run's own: Hydra's job set-up,
+    data and model set-up, the precision probe) and the pool's (start-up, imports, the uneven tail)."""
+    ideal = r["run_s"] / r["workers"]
+    text = (f"ideal {ideal:.1f} s = runs' own {r['run_s']:.1f} s over {r['workers']} worker(s) | "
+            f"efficiency {ideal / r['wall']:.0%}")
+    if r["jobs"]:
+        job_s = sum(s for s, _ in r["jobs"])
+        busiest = max(sum(s for s, w in r["jobs"] if w == k) for k in {w for _, w in r["jobs"]})
+        text += (f" | per-job overhead {(job_s - r['run_s']) / len(r['jobs']):.2f} s/job | "
+                 f"busiest worker {busiest:.1f} s, the rest of the wall {r['wall'] - busiest:.1f} s "
+                 "(launch, start-up, tail)")
+    return text
 
 
 def main() -> None:
@@ -107,6 +132,7 @@ def main() -> None:
         print(f"{r['name']:>10}: {len(r['runs'])} runs in {r['wall']:7.1f} s | {r['images_per_s']:8.0f} train images/s"
               f" | {base['wall'] / r['wall']:5.2f}x {base['name']} | peak RSS {r['peak'] / 2**30:5.2f} GiB"
               f" | max |diff| vs {base['name']} (test error, train loss) {max(diffs):.2e}")
+        print(f"{'':>10}  {efficiency(r)}")
         print(f"{'':>10}  median train images/s of one run (a stacked member's own) {r['run_images_per_s']:8.0f}"
               + (f" | peak GPU memory of one process {r['gpu']:.2f} GiB" if r["gpu"] else ""))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")

@@ -2,7 +2,9 @@
 
     python benchmarks/step_profile.py                                   # the default ViT (conf/model/vit.yaml)
     python benchmarks/step_profile.py --model cnn --width 4 --npz ../shared/data/cifar10.npz
-    python benchmarks/step_profile.py --set model.attention=math        # any config override (Hydra syntax)
+    python benchmarks/step_profile.py --set model.attention=math        # set any key of the composed config
+    python benchmarks/step_profile.py --model cnn --width 4 --override +sweeps=double_descent_cnn \
+        --override dataset.root=../shared/data/mnist.npz --override dataset.n_train=2048   # a study's run
     python benchmarks/step_profile.py --out docs/benchmarks/profile     # also writes <out>/<model>_<device>.md
 
 The model, data, optimizer and step are the trainer's own (``benchmarks/throughput.py``'s ``VitsweepPath``,
@@ -165,7 +167,7 @@ def report(args) -> str:
         f"{cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
         f"{type(path.optimizer).__name__} lr {args.lr}; precision {precision}, compile "
         f"{'on' if compile_model else 'off'}")
-    if "attention" in path.info:
+    if "attention" in getattr(path, "info", {}):
         why = path.info.get("attention_reason", "set in the config")
         out(f"- attention path: **{path.info['attention']}** ({why})")
     xb, yb = next(iter(path.loader))
@@ -219,6 +221,9 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float)
     p.add_argument("--augment",
                    help="none | flip_crop | resized_crop | translate (default: resized_crop for ViTs, else flip_crop)")
+    p.add_argument("--override", action="append", default=[], metavar="OVERRIDE",
+                   help="a Hydra override for the composition, e.g. +sweeps=double_descent_cnn or dataset=mnist "
+                        "(repeatable; naming dataset= replaces the synthetic/--npz data)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a key of the composed config, e.g. model.attention=math (repeatable)")
     p.add_argument("--batch", type=int, default=128)

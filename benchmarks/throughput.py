@@ -205,12 +205,18 @@ def compose(args, n_train: int | None = None) -> dict:
 
     over = [f"model={args.model}", f"trainer.batch_size={args.batch}", f"optimizer.lr={args.lr}",
             f"trainer.device={args.device}", f"seed={args.seed}", f"trainer.num_threads={args.threads or 'null'}"]
-    if args.npz:
+    extra = list(getattr(args, "override", None) or [])  # step_profile.py's --override (Hydra overrides)
+    if any(o.startswith(("dataset=", "+sweeps=")) for o in extra):
+        pass  # the caller names the dataset (or a study that does)
+    elif args.npz:
         over += ["dataset=cifar10", f"dataset.root={Path(args.npz).resolve()}"]
         if n_train:
             over.append(f"dataset.n_train={n_train}")
     else:
         over += ["dataset=synthetic", f"dataset.num_train={n_train or args.synthetic_n}", "dataset.num_test=256"]
+    if any(o.startswith("+sweeps") for o in extra):  # the sweep files live at the repository root
+        over.append(f"hydra.searchpath=[file://{ROOT}]")
+    over += extra
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(hydra_compose("config", overrides=over), resolve=True)
     m = cfg["model"]
@@ -221,7 +227,8 @@ def compose(args, n_train: int | None = None) -> dict:
         if key not in m:
             raise SystemExit(f"--{key.replace('_', '-')} does not apply to model={args.model} (its keys: {sorted(m)})")
         m[key] = value
-    cfg["dataset"]["augment"] = args.augment or ("resized_crop" if m["_target_"].endswith("ViT") else "flip_crop")
+    if args.augment or not extra:  # with --override the composed config's augment stands unless --augment
+        cfg["dataset"]["augment"] = args.augment or ("resized_crop" if m["_target_"].endswith("ViT") else "flip_crop")
     return cfg
 
 

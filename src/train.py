@@ -13,13 +13,15 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from src.trackers import sweep_dir_of  # noqa: E402
-from src.trainer import train  # noqa: E402
-from src.trial import current_trial, make_reporter  # noqa: E402
-
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    # imported here, not at the top: a multirun's launching process composes and hands out jobs and never
+    # trains, so it does not load torch (1.7 s on a 2-core CPU, before the first job could start)
+    from src.trackers import sweep_dir_of
+    from src.trainer import train
+    from src.trial import current_trial, make_reporter
+
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     trial = current_trial(run_dir)  # an Optuna trial started by the vitsweep sweeper: report for pruning

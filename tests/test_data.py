@@ -198,3 +198,24 @@ def test_test_size_keeps_the_same_stratified_test_images_for_every_seed():
     assert all(tuple(r.flatten().tolist()) in rows for r in a.x_test)  # a subset of the test split
     with pytest.raises(ValueError, match=r"dataset.test_size=5000 must lie between 1 and the 360 test images"):
         build_data({**cfg, "test_size": 5000})
+
+
+def test_digits_without_importing_sklearn_equal_sklearns_own_split(monkeypatch):
+    """The embedded dataset is read from scikit-learn's bundled CSV with the stored split: the same arrays, in
+    the same order, as load_digits + train_test_split(test_size=0.2, stratify, random_state=0); and the
+    fallback (no CSV found) gives them too."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from src.data import sources
+
+    d = load_digits()
+    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.2, stratify=d.target, random_state=0)
+    fast = sources.load_digits_arrays()
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
+    fallback = sources.load_digits_arrays()
+    for got in (fast, fallback):
+        for key, want in (("x_train", x_tr), ("x_test", x_te), ("y_train", y_tr), ("y_test", y_te)):
+            assert np.array_equal(got[key], want), key

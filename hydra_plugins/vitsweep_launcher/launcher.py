@@ -45,6 +45,9 @@ class VectorizedLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        from .pool import prestart
+
+        prestart(self)  # CPU workers start and import torch while the sweeper plans and the jobs are composed
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """One ``JobReturn`` per job, in job order; a failed job carries its exception (status FAILED)."""

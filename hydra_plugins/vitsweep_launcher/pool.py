@@ -39,14 +39,13 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
                    or range(initial_job_idx, initial_job_idx + len(job_overrides)))
     if len(numbers) != len(job_overrides) or len(set(numbers)) != len(numbers):
         raise ValueError(f"vectorized launcher: job_numbers {numbers} must be {len(job_overrides)} distinct numbers")
-    configs = []
-    for num, overrides in zip(numbers, job_overrides, strict=True):
-        cfg = launcher.hydra_context.config_loader.load_sweep_config(config, list(overrides))
-        with open_dict(cfg):
-            cfg.hydra.job.id = cfg.hydra.job.num = num
-        configs.append(cfg)
+    configs = JobConfigs(launcher, numbers, job_overrides)
     gpus = _job_gpus(configs[0])
-    units = plan_units(configs, launcher.stack, launcher.max_members, "cuda" if gpus else "cpu")
+    device = "cuda" if gpus else "cpu"
+    if stacks(launcher.stack, launcher.max_members, device, len(configs)):  # grouping reads every config first
+        units = plan_units(list(configs), launcher.stack, launcher.max_members, device)
+    else:  # one job a unit: each config is composed just before its job is handed out, while the first ones run
+        units = [[i] for i in range(len(configs))]
     cores = _cpu_count()  # the cores this process may use (a vitsweep sweeper worker is pinned to its share)
     n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
     threads = 0 if gpus else max(1, cores // n_procs)
@@ -55,21 +54,70 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
              + (f"({-(-n_procs // len(gpus))} per GPU)" if gpus else f"({threads} torch thread(s) each)")
              + (f", {stacked} of them stacked in {sum(len(u) > 1 for u in units)} group(s)" if stacked else "")
              + f"; worker logs in {log_dir}")
-    for cfg, overrides in zip(configs, job_overrides, strict=True):
-        log.info(f"\t#{cfg.hydra.job.num} : {' '.join(filter_overrides(overrides))}")
     note = gpu_sharing_note(n_procs, gpus)
     if note:
         log.warning(note)
     results: dict[int, JobReturn] = {}
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
-    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, notify)
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, notify,
+                       threads=threads)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
-        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results, notify)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results, notify,
+                           threads=threads)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True)
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True,
+                  threads=threads)
     return [results[num] for num in numbers]
+
+
+class JobConfigs:
+    """The batch's job configs, each composed on first use and kept (Hydra's ``load_sweep_config`` takes
+    about 0.2 s a job on a 2-core CPU: composed up front, 18 jobs kept both workers idle for 3.5 s). Logs each
+    job's overrides as it is composed."""
+
+    def __init__(self, launcher: Any, numbers: list[int], job_overrides: Sequence[Sequence[str]]):
+        self._launcher, self._numbers, self._overrides = launcher, numbers, job_overrides
+        self._done: dict[int, DictConfig] = {}
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, i: int) -> DictConfig:
+        if i not in self._done:
+            launcher, overrides = self._launcher, list(self._overrides[i])
+            cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
+            with open_dict(cfg):
+                cfg.hydra.job.id = cfg.hydra.job.num = self._numbers[i]
+            log.info(f"\t#{self._numbers[i]} : {' '.join(filter_overrides(overrides))}")
+            self._done[i] = cfg
+        return self._done[i]
+
+
+def prestart(launcher: Any) -> None:
+    """Start a CPU pool's workers at the launcher's set-up, one per core (or ``n_procs``, if fewer), each
+    importing torch and ``torch._dynamo`` (which ``torch.optim`` loads at the first optimizer: 1.6 s on a
+    2-core CPU) while the launching process is still composing. Measured on an 18-job grid of 2-second jobs
+    (docs/benchmarks/README.md): those imports kept both cores idle for seconds at the start. A batch smaller
+    than the pool uses the pool as it is, its jobs with the threads of the cores they may use. CUDA pools
+    start at ``launch``, once the stacking plan fixes their size."""
+    config = launcher.config
+    if launcher.stack == "always" or _job_gpus(config):
+        return
+    log_dir = Path(str(config.hydra.sweep.dir)) / ".launcher"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n_procs = min(launcher.n_procs or _cpu_count(), _cpu_count())  # more than the cores only if a batch needs them
+    pool = _pool(launcher, n_procs, max(1, _cpu_count() // n_procs), [], str(log_dir))
+    for _ in range(n_procs):  # a spawn pool starts one process per task it cannot hand to an idle one
+        pool.submit(_warm)
+
+
+def _warm() -> None:
+    import torch._dynamo  # noqa: F401
 
 
 def _drop(launcher: Any) -> None:
@@ -114,13 +162,14 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     return pool
 
 
-def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: list[DictConfig],
-              results: dict[int, JobReturn], notify: Any = None, final: bool = False) -> list[list[int]]:
+def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequence[DictConfig],
+              results: dict[int, JobReturn], notify: Any = None, final: bool = False,
+              threads: int = 0) -> list[list[int]]:
     """Run the units, filling ``results`` by job number and calling ``notify(job number, JobReturn)`` as each
     job ends (not when the whole batch has); returns the units lost to a dead worker (their jobs fail with
     that error when ``final``)."""
     broken = []
-    futures = {pool.submit(_run_unit, [configs[i] for i in unit]): unit for unit in units}
+    futures = {pool.submit(_run_unit, [configs[i] for i in unit], threads): unit for unit in units}
     for fut in as_completed(futures):
         try:
             done = fut.result()
@@ -162,8 +211,8 @@ def _cpu_count() -> int:
 def _job_gpus(cfg: DictConfig) -> list[str]:
     """CUDA device ids the jobs train on (empty when they train on CPU): from `trainer.device`."""
     device = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
-    if device == "cpu":
-        return []
+    if device == "cpu" or (device == "auto" and not any(Path("/dev").glob("nvidia*"))):
+        return []  # no NVIDIA device files: no CUDA, and no torch import (1.7 s) in the launching process
     import torch
 
     if not torch.cuda.is_available():
@@ -175,9 +224,14 @@ def _job_gpus(cfg: DictConfig) -> list[str]:
     return ids[: torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
 
 
+def stacks(stack: str, max_members: int, device: str, n_jobs: int) -> bool:
+    """Whether a batch may train jobs as stacked groups (``hydra.launcher.stack``)."""
+    return not (stack == "never" or max_members == 1 or (stack == "auto" and device != "cuda") or n_jobs < 2)
+
+
 def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: str) -> list[list[int]]:
     """Positions of the jobs to run together: one list per unit, in job order of their first member."""
-    if stack == "never" or max_members == 1 or (stack == "auto" and device != "cuda") or len(configs) < 2:
+    if not stacks(stack, max_members, device, len(configs)):
         return [[i] for i in range(len(configs))]
     from src.stacked import plan_groups
 
@@ -232,10 +286,14 @@ def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: li
           + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
 
 
-def _run_unit(configs: list[DictConfig]) -> list[tuple[int, JobReturn, float, int]]:
+def _run_unit(configs: list[DictConfig], threads: int = 0) -> list[tuple[int, JobReturn, float, int]]:
     # a job the pool queued to this worker before its launching process died, or before a stop signal ended
     # its last job: the pool hands each worker its next job early, and that job would train on after the stop
     _exit_if("orphaned", "stopped")
+    if threads:  # the batch's share of the cores (a pool started for more workers than this batch uses)
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         start = time.perf_counter()
         if len(configs) == 1:

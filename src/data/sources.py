@@ -14,6 +14,7 @@ be written (``VITSWEEP_CACHE`` naming a file, say) means loading without a cache
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import tempfile
@@ -28,15 +29,34 @@ Arrays = dict[str, np.ndarray]
 log = logging.getLogger(__name__)
 
 
-def load_digits_arrays() -> Arrays:
-    """scikit-learn's bundled 8x8 digits (values 0..16) as uint8 0..255, fixed stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+DIGITS_SPLIT = Path(__file__).with_name("digits_split.npz")  # train/test image order of the split below
 
-    d = load_digits()
-    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.2, stratify=d.target, random_state=0)
-    return {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te,
+
+def load_digits_arrays() -> Arrays:
+    """scikit-learn's bundled 8x8 digits (values 0..16) as uint8 0..255, fixed stratified 80/20 split:
+    ``train_test_split(..., test_size=0.2, stratify=target, random_state=0)``.
+
+    The images come from the CSV that scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``, what
+    ``load_digits`` reads) and the split's image order from ``digits_split.npz``, so a run does not import
+    scikit-learn: that import took 1.75 s of each fresh process's first run on a 2-core CPU, a third of a small
+    sweep job (docs/benchmarks/README.md). ``tests/test_data.py`` checks both against scikit-learn's own calls;
+    without the CSV (another layout) this falls back to them."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    csv = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if csv is not None and csv.is_file():
+        raw = np.loadtxt(csv, delimiter=",", dtype=np.float64)
+        images, target = raw[:, :-1].reshape(-1, 8, 8), raw[:, -1].astype(np.int64)
+        with np.load(DIGITS_SPLIT) as split:
+            train, test = split["train"].astype(np.int64), split["test"].astype(np.int64)
+    else:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        d = load_digits()
+        images, target = d.images, d.target
+        train, test = train_test_split(np.arange(len(target)), test_size=0.2, stratify=target, random_state=0)
+    x = np.round(images * (255.0 / 16.0)).astype(np.uint8)
+    return {"x_train": x[train], "y_train": target[train], "x_test": x[test], "y_test": target[test],
             "classes": np.array([str(i) for i in range(10)])}
 
 

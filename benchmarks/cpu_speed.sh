@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The CPU speed figures in one run, on a quiet machine: where the default ViT's step goes (benchmarks/step_profile.py),
+# the tutorial trainer against vitsweep (benchmarks/throughput.py), the small study models' epochs against their
+# FLOP limit (benchmarks/epoch_costs.py) and the launcher's efficiency (benchmarks/grid.py).
+#
+#   bash benchmarks/cpu_speed.sh [STEPS...]              # all: vit throughput small grid
+#   BEFORE=/path/to/older/checkout bash benchmarks/cpu_speed.sh vit throughput   # the same figures for older code too
+#
+# Output: printed, and the profiles as Markdown under $OUT (default docs/benchmarks/profile).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-docs/benchmarks/profile}
+PY=${PY:-python}
+MNIST=${MNIST:-../shared/data/mnist.npz}
+BEFORE=${BEFORE:-}
+mkdir -p "$OUT"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC') | $(lscpu | sed -n 's/^Model name: *//p') | family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p') | $(nproc) cores | $(grep -o -w -m1 avx512_bf16 /proc/cpuinfo || echo 'no avx512_bf16') | load $(cut -d' ' -f1-3 /proc/loadavg)"
+git log -1 --format='# code: %h %s' | cut -c1-150
+
+vit() {  # the default ViT: profile of the step, after (this checkout) and before ($BEFORE)
+  $PY benchmarks/step_profile.py --steps 10 --profile-steps 3 --out "$OUT" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGet"
+  if [ -n "$BEFORE" ]; then
+    cp benchmarks/step_profile.py "$BEFORE/benchmarks/"
+    (cd "$BEFORE" && $PY benchmarks/step_profile.py --steps 10 --profile-steps 3 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGet") \
+      | tee "$OUT/vit_cpu_before.md"
+  fi
+}
+
+throughput() {  # the tutorial-style trainer against vitsweep, same ViT, same steps, one process
+  $PY benchmarks/throughput.py --steps 10 --warmup 2 2>&1 | grep -E "^#|speed-up|images/s|peak|FLOPs"
+  [ -n "$BEFORE" ] && (cd "$BEFORE" && $PY benchmarks/throughput.py --steps 10 --warmup 2 2>&1 \
+    | grep -E "speed-up|images/s" | sed 's/^/before: /')
+}
+
+small() {  # the small study models at n_train 2048, one thread (a sweep worker's share of 2 cores)
+  echo "| run | precision | s/epoch | training steps | rest (evaluation, bookkeeping) | FLOP limit of the steps (s) | overhead ms/step | MFLOP/image | peak GFLOP/s |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  $PY benchmarks/epoch_costs.py --study double_descent_cnn --model cnn --width 4 --root "$MNIST"
+  $PY benchmarks/epoch_costs.py --study double_descent_cnn --model cnn --width 32 --root "$MNIST" | grep -v "^<!--"
+  $PY benchmarks/epoch_costs.py --study double_descent_vit --model vit --dim 32 --root "$MNIST" | grep -v "^<!--"
+}
+
+grid() {  # the launcher against Hydra's basic one: 18 small CNNs, 30 epochs on the embedded digits
+  $PY benchmarks/grid.py --grid model=cnn model.width=1,2,4 label_noise=none,p10,p20 seed=0,1 --data dataset=digits \
+    --epochs 30 --out "${GRID_OUT:-/tmp/vitsweep_grid}" 2>&1 | tail -8
+}
+
+for step in "${@:-vit throughput small grid}"; do
+  for s in $step; do "$s"; done
+done
