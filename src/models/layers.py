@@ -32,6 +32,12 @@ def dropout_keep(x: torch.Tensor, p: float) -> torch.Tensor:
     return (bits.bitwise_and_(0x7FFF) >= round(p * 32768)).view(x.shape)  # int64 draws lie in [0, 2^63)
 
 
+def keep_scaled(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * keep * scale`` for a boolean ``keep``. The product converts the mask to ``x``'s dtype on the way
+    (the profiler shows it as ``copy_``), yet measured faster than ``torch.where`` or ``masked_fill`` on CPU."""
+    return (x * keep).mul_(scale)
+
+
 class _MaskedScale(torch.autograd.Function):
     """x * keep / (1 - p), saving only the boolean mask for backward (as ``F.dropout`` does)."""
 
@@ -39,12 +45,12 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return (x * keep).mul_(scale)
+        return keep_scaled(x, keep, scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (keep,) = ctx.saved_tensors
-        return (grad * keep).mul_(ctx.scale), None, None
+        return keep_scaled(grad, keep, ctx.scale), None, None
 
 
 def under_torch_func(x: torch.Tensor) -> bool:

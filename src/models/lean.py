@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.layers import Block, dropout_keep, eager_cpu, sdpa
+from src.models.layers import Block, dropout_keep, eager_cpu, keep_scaled, sdpa
 
 
 def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor, has_bias: bool):
@@ -37,9 +37,10 @@ class _DropAttention(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         scale, inv_keep = q.shape[-1] ** -0.5, 1.0 / (1.0 - p)
-        probs = (q @ k.transpose(-2, -1)).mul_(scale).float().softmax(dim=-1).to(v.dtype)
+        # softmax accumulates in fp32 for bf16 input on its own: no fp32 copy of the (B, heads, T, T) scores
+        probs = (q @ k.transpose(-2, -1)).mul_(scale).softmax(dim=-1)
         keep = dropout_keep(probs, p) if p > 0 else None  # p = 0: no mask, no draw
-        out = ((probs * keep).mul_(inv_keep) if keep is not None else probs) @ v
+        out = (keep_scaled(probs, keep, inv_keep) if keep is not None else probs) @ v
         ctx.save_for_backward(q, k, v, probs, keep)
         ctx.scale, ctx.inv_keep = scale, inv_keep
         return out
@@ -48,11 +49,11 @@ class _DropAttention(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):
         q, k, v, probs, keep = ctx.saved_tensors
-        dropped = (probs * keep).mul_(ctx.inv_keep) if keep is not None else probs
+        dropped = keep_scaled(probs, keep, ctx.inv_keep) if keep is not None else probs
         grad_v = dropped.transpose(-2, -1) @ grad
         grad_p = grad @ v.transpose(-2, -1)
         if keep is not None:
-            grad_p.mul_(keep).mul_(ctx.inv_keep)
+            grad_p = keep_scaled(grad_p, keep, ctx.inv_keep)
         grad_s = grad_p.sub_((grad_p * probs).sum(dim=-1, keepdim=True)).mul_(probs).mul_(ctx.scale)  # softmax bwd
         return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, None
 
@@ -65,7 +66,7 @@ class _GeluDropLinear(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, a: torch.Tensor, keep: torch.Tensor, inv_keep: float, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
-        h = F.gelu(a).mul_(keep).mul_(inv_keep)
+        h = keep_scaled(F.gelu(a), keep, inv_keep)
         ctx.save_for_backward(a, keep, weight)
         ctx.inv_keep, ctx.has_bias = inv_keep, bias is not None
         return F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype))
@@ -74,9 +75,9 @@ class _GeluDropLinear(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):
         a, keep, weight = ctx.saved_tensors
-        h = F.gelu(a).mul_(keep).mul_(ctx.inv_keep)
+        h = keep_scaled(F.gelu(a), keep, ctx.inv_keep)
         grad_h, grad_w, grad_b = _linear_backward(grad, h, weight, ctx.has_bias)
-        grad_h.mul_(keep).mul_(ctx.inv_keep)
+        grad_h = keep_scaled(grad_h, keep, ctx.inv_keep)
         return torch.ops.aten.gelu_backward(grad_h, a), None, None, grad_w, grad_b
 
 
