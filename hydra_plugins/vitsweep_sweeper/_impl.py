@@ -328,7 +328,9 @@ class SweeperImpl:
             )
         progress = st.Progress(study, self.budget, log, self.max_retries)
         lost = self._run_workers(study, progress) if self.n_workers > 1 else []
-        if self.n_workers == 1:
+        # a lost worker's trials are failed and retried; when the others had already ended (nothing left for
+        # them to claim before the loss was noticed), the retries run here
+        if self.n_workers == 1 or (lost and self._n_finished(study) < self.budget):
             self._work(study, progress)
         if self.worker_id == 0:
             self._finish_sweep(study, lost)
