@@ -220,3 +220,30 @@ def test_several_workers_on_one_gpu_without_mps_get_a_warning(tmp_path, monkeypa
     (tmp_path / "mps").mkdir()
     (tmp_path / "mps" / "control").touch()  # the daemon's control pipe: MPS is running
     assert gpu_sharing_note(8, ["0"]) is None
+
+
+def test_stacked_members_return_what_a_single_run_returns(monkeypatch):
+    """A pruned member inside an Optuna trial becomes optuna.TrialPruned (``src.train.objective_of``, as a single
+    run), a finished one its objective, a failed one its exception."""
+    import optuna
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    import hydra_plugins.vitsweep_sweeper.protocol as protocol
+    import src.stacked
+    from hydra_plugins.vitsweep_launcher import members
+
+    summaries = [{"stop_reason": "pruned", "epochs": 3, "objective_name": "val_error", "objective": 0.5},
+                 {"stop_reason": "max_epochs", "epochs": 5, "objective_name": "val_error", "objective": 0.2},
+                 RuntimeError("planted")]
+    monkeypatch.setattr(members, "run_job", lambda **kw: JobReturn())
+    monkeypatch.setattr(protocol, "trial_of_hydra", lambda hydra_cfg: None)
+    monkeypatch.setattr(protocol, "make_reporter", lambda trial: object())  # every member is in a trial
+    monkeypatch.setattr(src.stacked, "train_members", lambda *args, **kwargs: summaries)
+    rets = members.run_member_jobs([OmegaConf.create({"hydra": {}}) for _ in summaries], hydra_context=None)
+    assert [r.status for r in rets] == [JobStatus.FAILED, JobStatus.COMPLETED, JobStatus.FAILED]
+    with pytest.raises(optuna.TrialPruned, match="pruned at epoch 3 with val_error 0.5"):
+        rets[0].return_value  # noqa: B018 - a failed JobReturn raises its exception when read
+    assert rets[1].return_value == 0.2
+    with pytest.raises(RuntimeError, match="planted"):
+        rets[2].return_value  # noqa: B018

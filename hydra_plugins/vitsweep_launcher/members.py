@@ -1,8 +1,8 @@
 """Jobs of one stacked group as Hydra jobs: each member gets its run dir, `.hydra/` files and job logging
 from Hydra's own ``run_job`` (with a task that only records its config and run dir), then all train at
 once (``src.stacked.train_members``) and each ``JobReturn`` gets its member's objective, or its exception
-(``optuna.TrialPruned`` for a pruned trial, as ``src/train.py`` raises). Hydra's job callbacks see
-``on_job_end`` before the training, not after."""
+(``optuna.TrialPruned`` for a pruned trial: ``src.train.objective_of``, the single run's rule). Hydra's job
+callbacks see ``on_job_end`` before the training, not after."""
 
 from typing import Any
 
@@ -15,6 +15,7 @@ def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobRe
     from hydra_plugins.vitsweep_sweeper.protocol import make_reporter, trial_of_hydra
     from src.stacked import train_members
     from src.trackers import sweep_dir_of
+    from src.train import objective_of
 
     captured: list[tuple[DictConfig, str]] = []
     sweep_dirs = []
@@ -32,12 +33,11 @@ def run_member_jobs(configs: list[DictConfig], hydra_context: Any) -> list[JobRe
     for ret, result, reporter in zip(rets, results, reporters, strict=True):
         if isinstance(result, BaseException):
             ret.return_value, ret.status = result, JobStatus.FAILED
-        elif reporter is not None and result["stop_reason"] == "pruned":
-            import optuna
-
-            ret.return_value = optuna.TrialPruned(f"pruned at epoch {result['epochs']} with "
-                                                  f"{result['objective_name']} {result['objective']}")
-            ret.status = JobStatus.FAILED
+            continue
+        try:  # the single run's rule: a pruned trial's summary becomes optuna.TrialPruned
+            value = objective_of(result, in_trial=reporter is not None)
+        except Exception as e:
+            ret.return_value, ret.status = e, JobStatus.FAILED
         else:
-            ret.return_value, ret.status = result["objective"], JobStatus.COMPLETED
+            ret.return_value, ret.status = value, JobStatus.COMPLETED
     return rets
