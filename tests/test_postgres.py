@@ -51,7 +51,9 @@ def test_the_claim_lock_does_not_block_ask_in_the_same_process(pg_url):
 
 def test_two_workers_on_postgres_run_each_grid_point_once(tmp_path, pg_url):
     name = f"grid-{uuid.uuid4().hex[:8]}"
-    proc = sweep(tmp_path, *GRID, "sleep_s=0.05", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6",
+    # 1.5 s a trial: the first worker alone needs 9 s for the grid, time enough for the second to start and
+    # claim (at 0.05 s the first one took all six trials while a loaded machine was still starting the second)
+    proc = sweep(tmp_path, *GRID, "sleep_s=1.5", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6",
                  "hydra.sweeper.sampler.seed=3", f"hydra.sweeper.storage='{pg_url}'",
                  f"hydra.sweeper.study_name={name}")
     study = optuna.load_study(study_name=name, storage=sto.open_storage(pg_url))
