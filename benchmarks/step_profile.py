@@ -2,7 +2,7 @@
 
     python benchmarks/step_profile.py                                   # the default ViT (conf/model/vit.yaml)
     python benchmarks/step_profile.py --model cnn --width 4 --npz ../shared/data/cifar10.npz
-    python benchmarks/step_profile.py --set model.attention=math        # set any key of the composed config
+    python benchmarks/step_profile.py --override model.attention=math   # any Hydra override of the config
     python benchmarks/step_profile.py --model cnn --width 4 --override +sweeps=double_descent_cnn \
         --override dataset.root=../shared/data/mnist.npz --override dataset.n_train=2048   # a study's run
     python benchmarks/step_profile.py --out docs/benchmarks/profile     # also writes <out>/<model>_<device>.md
@@ -136,15 +136,6 @@ def report(args) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = compose(args)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        if leaf not in node:
-            raise SystemExit(f"--set {item}: {key} is not a key of the composed config (its siblings: {sorted(node)})")
-        node[leaf] = _value(value)
     precision = resolve_precision(args.precision, device)
     compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
     lines = []
@@ -199,34 +190,15 @@ def report(args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "null": None}.get(text.lower(), text)
-
-
 def parse_args(argv=None):
-    from benchmarks.throughput import VIT_KEYS
+    from benchmarks.throughput import add_model_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="vit", help="any conf/model/NAME.yaml")
-    p.add_argument("--npz", help="CIFAR-10-shaped .npz; synthetic images when omitted")
-    for key in VIT_KEYS:
-        p.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"ViT {key} (default: conf/model)")
-    p.add_argument("--width", type=int, help="cnn width C1")
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--augment",
-                   help="none | flip_crop | resized_crop | translate (default: resized_crop for ViTs, else flip_crop)")
+    add_model_args(p)
     p.add_argument("--override", action="append", default=[], metavar="OVERRIDE",
-                   help="a Hydra override for the composition, e.g. +sweeps=double_descent_cnn or dataset=mnist "
+                   help="a Hydra override for the composition, e.g. model.attention=math, +sweeps=double_descent_cnn "
                         "(repeatable; naming dataset= replaces the synthetic/--npz data)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a key of the composed config, e.g. model.attention=math (repeatable)")
-    p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--steps", type=int, default=10, help="timed steps (no profiler)")
     p.add_argument("--warmup", type=int, default=3)

@@ -448,9 +448,8 @@ def scaling(args) -> dict:
     return {"rows": rows, "r2": r2}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model and data arguments ``compose`` reads (shared with ``benchmarks/step_profile.py``)."""
     p.add_argument("--model", default="vit", help="any conf/model/NAME.yaml (vit, cnn, cnn_vgg, resnet18, hybrid_vit)")
     p.add_argument("--npz", help="CIFAR-10 .npz (x_train, y_train, ...); synthetic images when omitted")
     for key in VIT_KEYS:
@@ -460,6 +459,12 @@ def parse_args(argv=None):
     p.add_argument("--augment",
                    help="none | flip_crop | resized_crop | translate (default: resized_crop for ViTs, else flip_crop)")
     p.add_argument("--batch", type=int, default=128)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--steps", type=int, default=10, help="timed steps per path")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per path (compiled paths add 2)")
