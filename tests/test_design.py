@@ -202,7 +202,8 @@ def test_committed_records_hold_no_absolute_machine_paths():
 
 
 @pytest.mark.parametrize("study, dirs", [
-    ("heads_depth", ["state"]), ("double_descent_cnn_cifar10", ["state", "state_threshold"])])
+    ("heads_depth", ["state"]), ("double_descent_cnn_cifar10", ["state", "state_threshold"]),
+    ("double_descent_cnn", ["records/main", "records/main_seed6"])])
 def test_each_committed_analysis_regenerates_from_its_records(study, dirs, tmp_path, monkeypatch):
     """The report's tables (Markdown and CSV; figures aside) come back the same from the committed records."""
     from analysis.report import make_report
