@@ -55,7 +55,7 @@ def block_seconds(block: torch.nn.Module, x: torch.Tensor, autocast: contextlib.
 def choose_attention(model: torch.nn.Module, batch_size: int, autocast: contextlib.AbstractContextManager,
                      bf16: bool) -> tuple[str, dict[str, float], str]:
     """Resolve ``model.attention=auto`` for this run. Returns (path, seconds per candidate, reason)."""
-    blocks = getattr(model, "blocks", None)
+    blocks = model.blocks
     block = blocks[0]
     device = next(model.parameters()).device
     tokens, dim = model.pos_embed.shape[1], model.pos_embed.shape[2]

@@ -20,6 +20,14 @@ ATTENTION_PATHS = ("sdpa", "math", "explicit")
 MATERIALISES = ("math", "explicit")  # paths that hold the (B, heads, T, T) matrix
 
 
+def check_attention_path(path: str, allow_auto: bool = False) -> None:
+    """Fail early, naming the config key and the choices, for an unknown ``model.attention``."""
+    choices = ("auto", *ATTENTION_PATHS) if allow_auto else ATTENTION_PATHS
+    if path not in choices:
+        raise ValueError(f"model.attention={path!r} is not one of {choices}: auto (measured per run, "
+                         "src/models/attention_probe.py) or a path named in src/models/layers.py")
+
+
 def dropout_keep(x: torch.Tensor, p: float) -> torch.Tensor:
     """A boolean keep-mask shaped like ``x``: True with probability 1 - p (rounded to 1/32768).
 
@@ -98,8 +106,7 @@ class Attention(nn.Module):
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, path: str = "sdpa"):
         super().__init__()
-        if path not in ATTENTION_PATHS:
-            raise ValueError(f"model.attention={path!r} is not one of {('auto', *ATTENTION_PATHS)}")
+        check_attention_path(path)
         self.path = path
         self.heads = heads
         self.head_dim = dim // heads

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from src.models.layers import ATTENTION_PATHS, Attention, Block, Dropout, PatchEmbed
+from src.models.layers import Attention, Block, Dropout, PatchEmbed, check_attention_path
 from src.models.lean import LeanBlock
 
 
@@ -51,9 +51,7 @@ class ViT(nn.Module):
         attention: str = "auto",
     ):
         super().__init__()
-        if attention not in ("auto", *ATTENTION_PATHS):
-            raise ValueError(f"model.attention={attention!r} is not one of {('auto', *ATTENTION_PATHS)}: auto "
-                             "(measured per run, src/models/attention_probe.py) or a path of src/models/layers.py")
+        check_attention_path(attention, allow_auto=True)
         if init not in INITS:
             raise ValueError(f"model.init={init!r} is not one of {INITS}: big_vision (the original ViT's scheme) "
                              "or torch (PyTorch's layer defaults, as in the UvA tutorial the EPFL study cites)")
@@ -80,8 +78,7 @@ class ViT(nn.Module):
         return self.blocks[0].attn.path
 
     def set_attention_path(self, path: str) -> None:
-        if path not in ATTENTION_PATHS:
-            raise ValueError(f"attention path {path!r} is not one of {ATTENTION_PATHS}")
+        check_attention_path(path)
         for m in self.modules():
             if isinstance(m, Attention):
                 m.path = path
