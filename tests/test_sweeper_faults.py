@@ -79,7 +79,11 @@ def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(t
     running = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial")
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    wait_for(lambda: gone(running[1]), timeout=60, what="the orphaned workers to stop")
+    try:  # an orphan that hangs on its way out is ended 30 s (max(grace_s, 30)) after its SIGTERM
+        wait_for(lambda: gone(running[1]), timeout=60, what="the orphaned workers to stop")
+    except AssertionError as e:
+        logs = {p.name: p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "workers").glob("*.log"))}
+        raise AssertionError(f"{e}\n{logs}") from None
     sweep(tmp_path, *args)  # the same command
     study = load(tmp_path)
     assert_each_point_once(study)
@@ -90,6 +94,32 @@ def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(t
         retry = last_retry(study, t)
         assert retry.state == TrialState.COMPLETE and retry.params == t.params, describe(study)
         assert retry.user_attrs["retries"] == 0, "a stop of the sweep was counted against max_retries"
+
+
+def test_an_orphan_that_ignores_sigterm_is_ended_after_the_grace(tmp_path):
+    """The parent watch sends SIGTERM when the parent is gone, and ends a child still alive `grace_s` later (a
+    stop handler that hung, an exit waiting on a thread): no orphan outlives its grace."""
+    child = (
+        "import signal, sys, time\n"
+        "from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "watch_parent(int(sys.argv[1]), grace_s=1.0, poll_s=0.1)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n")
+    parent = (  # starts the child, waits until its watch runs, and exits: the child is an orphan
+        "import os, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())], text=True,\n"
+        "                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
+        "assert p.stdout.readline().strip() == 'ready'\n"
+        "print(p.pid, flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", parent, child], env=env, capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.strip())
+    try:
+        wait_for(lambda: gone(pid), timeout=20, what="the orphan that ignores SIGTERM to be ended")
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def last_retry(study, t):
@@ -231,7 +261,7 @@ def test_journal_storage_runs_two_workers(tmp_path):
 
 # one launcher batch of the whole grid (as the study files run it): two short trials, two long ones, which seed 3's
 # grid order puts at jobs 0 and 3 (not consecutive)
-BATCH = ["x=choice(0,1)", "epochs=choice(1,150)", "sleep_s=0.1", "hydra/sweeper/sampler=grid",
+BATCH = ["x=choice(0,1)", "epochs=choice(1,60)", "sleep_s=0.1", "hydra/sweeper/sampler=grid",
          "hydra.sweeper.sampler.seed=3", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=4",
          "hydra/launcher=vectorized", "hydra.launcher.n_procs=4", *LIVENESS]
 
@@ -251,7 +281,7 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
     proc = start(tmp_path, *BATCH)
     done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
                              what="the short trials told while the long ones run")
-    assert {t.params["epochs"] for t in done} == {1} and {t.params["epochs"] for t in running} == {150}
+    assert {t.params["epochs"] for t in done} == {1} and {t.params["epochs"] for t in running} == {60}
     for _ in range(2):  # a session ends (everything killed), twice; the second time while the retries run
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)

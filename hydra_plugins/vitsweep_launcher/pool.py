@@ -10,7 +10,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -23,6 +22,8 @@ import cloudpickle
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
 _WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
@@ -246,24 +247,18 @@ def _task_cfg(cfg: DictConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- worker side
-def _watch_parent(parent: int) -> None:
-    """SIGTERM to this worker once the launching process is gone (killed, even with SIGKILL): a running
-    job then writes its checkpoint and ``interrupted`` summary and stops, instead of training on as an
-    orphan that a rerun of the same command would race for the same run dir. ``parent`` is the launching
-    process's pid as it gave it: a worker still starting when that process died has been re-parented already,
-    so its own ``os.getppid()`` would name the new parent and never change."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    print(f"the launching process {parent} is gone: stopping this worker", flush=True)
+def _orphaned() -> None:
+    """The launching process is gone (killed, even with SIGKILL): the watch then sends SIGTERM, so a running job
+    writes its checkpoint and ``interrupted`` summary and stops, instead of training on as an orphan that a rerun
+    of the same command would race for the same run dir."""
+    print("the launching process is gone: stopping this worker", flush=True)
     _WORKER["orphaned"] = True  # no further job starts (the pool may have queued some)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(300.0)  # time for the job to save; a worker still alive then (no job ran, or it hung) ends here
-    os._exit(128 + signal.SIGTERM)
 
 
 def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str,
                  share: int) -> None:
-    threading.Thread(target=_watch_parent, args=(parent,), name="vitsweep-parent-watch", daemon=True).start()
+    # time for the job to save; a worker still alive then (no job ran, or it hung) is ended
+    watch_parent(parent, grace_s=300.0, on_gone=_orphaned)
     slot = slots.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]

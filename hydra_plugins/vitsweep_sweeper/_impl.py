@@ -355,7 +355,8 @@ class SweeperImpl:
         poll_s = max(0.2, min(self.heartbeat_s, 1.0))
         stop = _StopSignal()
         numbered = hasattr(self.launcher, "job_numbers")  # a launcher that runs a batch under given job numbers
-        with lv.Heartbeat(self.storage, self.heartbeat_s) as beat, stop.installed():
+        orphan_exit_s = max(self.grace_s, 30.0)  # an orphaned worker's time to hand its trials back
+        with lv.Heartbeat(self.storage, self.heartbeat_s, orphan_exit_s) as beat, stop.installed():
             while not self._check_failures(study, final=False):
                 stop.check()
                 with sto.claim_lock(self.url, self.storage, study._study_id):

@@ -9,7 +9,6 @@ needed), and enqueues a retry with the same parameters, linked both ways in the 
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -20,6 +19,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of
+from .parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "VITSWEEP_PARENT_PID"  # set for worker processes: the sweep's main process
@@ -29,20 +29,30 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Heartbeat:
-    """A daemon thread that bumps the heartbeat of this worker's running trials every `heartbeat_s`, and ends a
-    worker process with SIGTERM once the main sweep process that started it is gone."""
+_watching: list[threading.Thread] = []  # this process's watch of the main sweep process (one per process)
 
-    def __init__(self, storage: optuna.storages.BaseStorage, heartbeat_s: float) -> None:
-        self.storage, self.heartbeat_s = storage, heartbeat_s
+
+class Heartbeat:
+    """A daemon thread that bumps the heartbeat of this worker's running trials every `heartbeat_s`. In a worker
+    process it also starts the watch (`parent_watch`) that sends the worker SIGTERM once the main sweep process
+    is gone, and ends it `orphan_exit_s` later if it has not stopped by then."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, heartbeat_s: float, orphan_exit_s: float = 60.0) -> None:
+        self.storage, self.heartbeat_s, self.orphan_exit_s = storage, heartbeat_s, orphan_exit_s
         self.trial_ids: list[int] = []
         self.parent = int(os.environ.get(PARENT_ENV) or 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vitsweep-heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
+        if self.parent and not _watching:
+            _watching.append(watch_parent(self.parent, grace_s=self.orphan_exit_s, on_gone=self._orphan_message,
+                                          poll_s=min(1.0, self.heartbeat_s)))
         self._thread.start()
         return self
+
+    def _orphan_message(self) -> None:
+        log.error(f"the main sweep process {self.parent} is gone; stopping this worker")
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
@@ -55,10 +65,6 @@ class Heartbeat:
     def _run(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_s
         while not self._stop.wait(min(1.0, self.heartbeat_s)):
-            if self.orphaned():
-                log.error(f"the main sweep process {self.parent} is gone; stopping this worker")
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + self.heartbeat_s
                 for trial_id in list(self.trial_ids):

@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent
 from src.data import sources
 from src.data.dicom import DicomError, preprocess
 from src.data.splits import DataSplits
@@ -169,14 +169,8 @@ def _decode_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _watch_parent(parent: int) -> None:
-    """Start a thread that ends this worker once ``parent`` (the pid as the parent gave it: a worker still starting
-    when its parent died has been re-parented already) is no longer its parent."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="vitsweep-decode-parent-watch", daemon=True).start()
+    """End this decode worker once ``parent`` is gone: it has nothing to save."""
+    watch_parent(parent, name="vitsweep-decode-parent-watch")
 
 
 def build_cache(rows: pd.DataFrame, out: Path, image_size: int, crop: bool, flip: bool, workers: int = 2,
