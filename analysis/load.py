@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from hydra_plugins.vitsweep_sweeper.protocol import flatten_config
 from src import run_contract as contract  # the run directory's flag rules, shared with the trainer
 
 PathLike = str | Path
@@ -92,17 +93,19 @@ def _natural_key(p: Path) -> list:
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
-    """Nested dicts to dotted keys; lists become tuples so that columns stay hashable for groupby."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + ".") if v else {key: None})
-        elif isinstance(v, list):
-            out[key] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
-        else:
-            out[key] = v
-    return out
+    """Nested dicts to dotted keys (the sweeper's and the trainer's flattener); an empty dict below the top becomes
+    None and lists become tuples, so that columns stay hashable for groupby."""
+    if not d:
+        return {}
+    return {k: _column_value(v) for k, v in flatten_config(d, prefix).items()}
+
+
+def _column_value(v):
+    if isinstance(v, dict):  # an empty one: flatten_config keeps it as a leaf
+        return None
+    if isinstance(v, list):
+        return tuple(tuple(x) if isinstance(x, list) else x for x in v)
+    return v
 
 
 def read_config(run_dir: Path) -> dict:
@@ -195,7 +198,7 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     ``stalled``: the train error stayed at chance (``stop_reason == 'stalled'``), or a completed run ended with it
     within the trainer's ``stalled_margin`` (0.01) of chance (``chance_train_error``) for another reason, e.g. a
     model that learned, collapsed to one class and, its train error flickering, ran to the epoch cap (the trainer
-    records this since 2026-11-25; older summaries say false), or it ``collapsed``: its train error ended
+    records this in `stalled`; summaries written before it did say false), or it ``collapsed``: its train error ended
     ``COLLAPSE_RISE`` (0.5) or more above the lowest it reached (``min_train_error``: the summary's
     ``best_train_error``, or metrics.jsonl for older runs), e.g. a model that nearly fit its labels and then lost
     them to a loss spike, ending a few points below chance. Either way it did not end as a learned model. Neither

@@ -16,7 +16,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from src.stop_rules import LIMITS, steps_in_run
+from hydra_plugins.vitsweep_sweeper import protocol
+from src.run_contract import RUNTIME_KEYS
+from src.stop_rules import steps_in_run
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +26,6 @@ CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint.prev.pt"
 REQUIRED = ("model", "optimizer", "config", "epoch", "step", "rng", "loader", "rules")
 # a fresh start moves these aside, the tracker's files too (``src.trackers``: a fresh start is a new tracker run)
 RECORD_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, PREVIOUS, "tracker.json", "tensorboard")
-# Keys that may differ between a checkpoint's config and a resumed start: stop limits (raise them to
-# train longer) and keys that change how a run is executed or reported, not what it computes.
-RUNTIME_KEYS = (*(f"trainer.{k}" for k in LIMITS), "trainer.num_threads", "trainer.progress",
-                "trainer.log_every", "trainer.resume", "trainer.checkpoint",
-                "trainer.checkpoint_every", "hydra",
-                "logger",  # where the evaluations are sent as well (a tracker added or dropped on resume)
-                # how often and in what batches the evaluation scores the splits, not what training computes
-                "trainer.eval_batch_size", "trainer.test_every",
-                # the trial identity that sweeps before the protocol module put into configs (old checkpoints)
-                "trial.study_name", "trial.number", "trial.storage")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -93,25 +85,9 @@ def read_checkpoints(run_dir: str | Path) -> Iterator[tuple[Path, dict]]:
         yield path, ckpt
 
 
-def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as ``{"dotted.key": leaf}`` (an empty mapping stays a leaf ``{}``)."""
-    if isinstance(node, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        return out or {prefix[:-1]: {}}
-    return {prefix[:-1]: node}
-
-
-def _runtime(key: str) -> bool:
-    return any(key == r or key.startswith(r + ".") for r in RUNTIME_KEYS)
-
-
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """``key: saved -> current`` for every non-runtime key that differs between two composed configs."""
-    a, b = flatten_config(saved), flatten_config(current)
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-            for k in sorted(a.keys() | b.keys()) if not _runtime(k) and a.get(k) != b.get(k)]
+    return protocol.config_differences(saved, current, ignore=RUNTIME_KEYS)
 
 
 def check_resumable(path: Path, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

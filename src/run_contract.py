@@ -7,6 +7,10 @@ lowest train error it reached; neither chance rule applies where one class is a 
 ``MIN_CHANCE_ERROR``). The trainer (``src.stop_rules``) and the analysis (``analysis.load.result_flags``) both call
 these functions; this module imports nothing heavy, so it is the one part of ``src`` that ``analysis`` may import.
 The predicates take floats or pandas/numpy arrays alike (NaN compares false).
+
+It also holds what a run's config means to others: which way its objective goes (``objective_direction``) and which
+keys a resumed start may change (``RUNTIME_KEYS``). ``src.train`` tells the sweeper both
+(``hydra_plugins.vitsweep_sweeper.protocol.declare_app``) without loading torch.
 """
 from __future__ import annotations
 
@@ -20,6 +24,26 @@ COLLAPSE_RISE = 0.5
 # the chance rules hold where always predicting the commonest label is wrong at least this often: on a 2%-positive
 # binary set "chance" is a 0.02 train error, which a weighted model that learned exceeds
 MIN_CHANCE_ERROR = 0.5
+
+BINARY_METRICS = ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")  # two-class datasets only
+MAXIMISED = ("acc", *BINARY_METRICS)  # an objective ending in one of these is maximised, any other minimised
+
+LIMITS = ("max_epochs", "max_steps", "max_wall_s")  # trainer keys: may be raised on resume to train longer
+# Keys that may differ between a checkpoint's config and a resumed start: stop limits (raise them to
+# train longer) and keys that change how a run is executed or reported, not what it computes.
+RUNTIME_KEYS = (*(f"trainer.{k}" for k in LIMITS), "trainer.num_threads", "trainer.progress",
+                "trainer.log_every", "trainer.resume", "trainer.checkpoint",
+                "trainer.checkpoint_every", "hydra",
+                "logger",  # where the evaluations are sent as well (a tracker added or dropped on resume)
+                # how often and in what batches the evaluation scores the splits, not what training computes
+                "trainer.eval_batch_size", "trainer.test_every",
+                # the trial identity that sweeps before the protocol module put into configs (old checkpoints)
+                "trial.study_name", "trial.number", "trial.storage")
+
+
+def objective_direction(name: str) -> str:
+    """``maximize`` for accuracies and the binary-task scores, ``minimize`` for errors and losses."""
+    return "maximize" if name.endswith(MAXIMISED) else "minimize"
 
 
 def chance_rules_apply(chance_error: Any) -> Any:

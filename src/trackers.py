@@ -27,7 +27,8 @@ from typing import Any
 
 from hydra.types import RunMode
 
-from src.checkpoint import atomic_write, flatten_config
+from hydra_plugins.vitsweep_sweeper.protocol import flatten_config
+from src.checkpoint import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -9,26 +9,20 @@ import torch
 
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
+from src.run_contract import BINARY_METRICS, objective_direction  # noqa: F401 (objective_direction re-exported)
 from src.schedule import SCHEDULERS
 from src.trackers import check_trackers
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 RESUME = ("auto", "never")
 SPLIT_METRICS = ("loss", "error", "acc")
-BINARY_METRICS = ("auc", "pf1", "sensitivity", "specificity", "balanced_acc")  # two-class datasets only
 CLEAN_METRICS = ("train_loss_clean", "train_error_clean", "train_error_noisy_subset")
-MAXIMISED = ("acc", *BINARY_METRICS)  # an objective ending in one of these is maximised, any other minimised
 
 
 def objective_metrics(splits: tuple[str, ...] = ("train", "val", "test"), binary: bool = True) -> list[str]:
     """Every metric a run with these evaluation splits records per evaluation and in its summary."""
     names = [f"{s}_{m}" for s in splits for m in (*SPLIT_METRICS, *(BINARY_METRICS if binary else ()))]
     return names + list(CLEAN_METRICS) + [f"best_{s}_error" for s in splits if s != "train"]
-
-
-def objective_direction(name: str) -> str:
-    """``maximize`` for accuracies and the binary-task scores, ``minimize`` for errors and losses."""
-    return "maximize" if name.endswith(MAXIMISED) else "minimize"
 
 
 def resolve_objective(name: str, splits: tuple[str, ...], binary: bool) -> str:

@@ -219,8 +219,12 @@ def test_a_changed_key_that_only_some_presets_set_still_fails_the_resume(tmp_pat
 
 
 def test_a_direction_that_contradicts_the_objective_fails_before_any_trial(tmp_path):
-    proc = sweep(tmp_path, "x=interval(0,1)", "+trainer.objective=test_acc", "hydra.sweeper.direction=minimize",
-                 check=False)
+    """vitsweep's trainer declares the direction of trainer.objective (src/train.py, protocol.declare_app)."""
+    from tests.conftest import TINY
+
+    proc = run(["-m", "src.train", "-m", *TINY, "trainer.objective=test_acc", "optimizer.lr=choice(1e-3,1e-2)",
+                "hydra/sweeper=vitsweep", "hydra.sweeper.direction=minimize", f"hydra.sweep.dir={tmp_path}"],
+               cwd=ROOT, check=False)
     assert proc.returncode != 0
     assert "hydra.sweeper.direction=minimize contradicts trainer.objective=test_acc" in proc.stderr, \
         proc.stderr[-2000:]

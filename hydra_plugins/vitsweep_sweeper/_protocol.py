@@ -3,13 +3,14 @@
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "Reporter", "TrialIdentity", "current_trial", "env_overrides", "make_reporter",
-           "open_existing_storage", "open_storage", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
+__all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "env_overrides",
+           "flatten_config", "implied_direction", "make_reporter", "open_existing_storage", "open_storage",
+           "runtime_keys", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
@@ -112,3 +113,61 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
         return handle.should_prune()
 
     return report
+
+
+# ------------------------------------------------------------------------------------ what the app declares
+# What an app tells the sweeper about its task (declare_app); empty in an app that declares nothing
+_APP: dict[str, Any] = {"objective": None, "direction": None, "runtime_keys": ("hydra",)}
+
+
+def declare_app(objective: str | None = None, direction: Callable[[str], str] | None = None,
+                runtime_keys: Iterable[str] = ()) -> None:
+    """Tell the sweeper how to read this app's task; call it when the module that holds ``@hydra.main`` is imported,
+    so the sweep's main process and its worker processes (which rerun the same command) all have it.
+
+    ``objective`` is the config key that names what the task returns, and ``direction(value)`` the
+    ``minimize``/``maximize`` that its value implies: ``hydra.sweeper.direction`` defaults to it, and a direction that
+    contradicts it is refused before any trial (an accuracy minimised would look like a finished study).
+    ``runtime_keys`` are config keys (each with everything under it) that a rerun may change without changing what a
+    trial computes, such as stop limits, threads and progress bars: the recipe check that guards a resumed study
+    ignores them. An app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
+    over every key but ``hydra``."""
+    _APP.update(objective=objective, direction=direction, runtime_keys=("hydra", *runtime_keys))
+
+
+def implied_direction(job_config: Any) -> tuple[str, str, str] | None:
+    """``(objective key, its value, direction)`` as the app declared them for this job config, or None (no
+    declaration, or the key is not in the config)."""
+    key, rule = _APP["objective"], _APP["direction"]
+    if key is None or rule is None:
+        return None
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(job_config, key, default=None)
+    return None if value is None else (key, str(value), rule(str(value)))
+
+
+def runtime_keys() -> tuple[str, ...]:
+    """The keys a rerun may change (``hydra`` and what the app declared)."""
+    return _APP["runtime_keys"]
+
+
+def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config (plain mappings) as ``{"dotted.key": leaf}``; an empty mapping stays a leaf ``{}`` and a list
+    is a leaf. The one flattener of the sweeper's recipes, the trainer's checkpoints and the analysis tables."""
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       ignore: Iterable[str] | None = None) -> list[str]:
+    """``key: saved -> current`` for every key that differs between two configs (nested or flattened), except the
+    ``ignore`` keys and everything under them (default: ``runtime_keys()``)."""
+    skip = tuple(runtime_keys() if ignore is None else ignore)
+    a, b = flatten_config(saved), flatten_config(current)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(a.keys() | b.keys())
+            if not any(k == r or k.startswith(r + ".") for r in skip) and a.get(k) != b.get(k)]

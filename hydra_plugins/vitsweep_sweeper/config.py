@@ -178,8 +178,9 @@ class VitsweepSweeperConf:
 
     sampler: Any = MISSING  # a node with _target_, or a name from SAMPLERS
     pruner: Any = MISSING  # a node with _target_, or a name from PRUNERS
-    # minimize/maximize, or a list, one per returned value. null = the direction of the job's trainer.objective
-    # in vitsweep's trainer (accuracies maximise, errors and losses minimise), else minimize (HOS's default)
+    # minimize/maximize, or a list, one per returned value. null = the direction the app declared for its objective
+    # (protocol.declare_app; vitsweep's trainer: trainer.objective, accuracies maximise, errors and losses minimise),
+    # else minimize (HOS's default)
     direction: Any = None
     storage: Any = None  # an Optuna storage URL; null = sqlite:///<sweep dir>/optuna.db
     # null = a new auto-named study on every run (as HOS); a name = one study whose n_trials budget a rerun

@@ -2,13 +2,18 @@
 sweeper's public protocol (its trial comes from the job's environment, never from its config), writes
 metrics.jsonl and summary.json, and raises TrialPruned after the records are written when the pruner stops it.
 With SWEEPER_APP_RESUME set, a run dir's metrics.jsonl is its checkpoint: a rerun there continues after its epochs.
-A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`."""
+A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`.
+With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes."""
 
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
+
+if os.environ.get("SWEEPER_APP_STANDALONE"):  # tests/test_sweeper_standalone.py: this process (and its workers, which
+    sys.modules.update(src=None, analysis=None)  # inherit the variable) cannot import vitsweep's trainer or analysis
 
 import hydra
 import optuna
