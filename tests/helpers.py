@@ -39,7 +39,15 @@ def sweep(tmp_path, *overrides, check=True):
 
 
 def load(tmp_path, name="app"):
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+    return load_existing(f"sqlite:///{tmp_path}/optuna.db", name)
+
+
+def load_existing(url, name):
+    """A study, read without creating its storage's tables: a test polling a sweep that is still starting leaves
+    the storage to the sweep."""
+    from hydra_plugins.vitsweep_sweeper.protocol import open_existing_storage
+
+    return optuna.load_study(study_name=name, storage=open_existing_storage(url))
 
 
 GRID = ["x=choice(0,1,2)", "y=choice(0,1)", "hydra/sweeper/sampler=grid"]  # 6 points
@@ -59,7 +67,9 @@ def assert_each_point_once(study, n_points=6):
     assert len(counted(study)) == n_points
 
 
-def wait_for(predicate, timeout=120, what="condition"):
+def wait_for(predicate, timeout=120, what="condition", proc=None):
+    """Poll ``predicate`` until it is true. With ``proc`` (a Popen with piped output, the process expected to bring
+    the condition about): fail at once when it has exited without doing so, with its exit code and output."""
     end = time.time() + timeout
     while time.time() < end:
         try:
@@ -68,6 +78,10 @@ def wait_for(predicate, timeout=120, what="condition"):
             value = None
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the process exited {proc.returncode} before {what}:\n{(out or '')[-2000:]}\n"
+                                 f"{(err or '')[-3000:]}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
 

@@ -90,7 +90,8 @@ def test_a_job_killed_mid_trial_is_retried_in_its_run_dir_from_its_checkpoint(tm
     proc = _start_resumable_sweep(tmp_path, epochs=4)
     try:
         victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
-                                        if len(t.intermediate_values) >= 2), None), what="a trial two epochs in")
+                                        if len(t.intermediate_values) >= 2), None), what="a trial two epochs in",
+                          proc=proc)
         os.kill(wait_for(lambda: _job_task(tmp_path), what="its submitit task"), signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
     finally:
@@ -144,7 +145,8 @@ def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them
     proc = _start_resumable_sweep(tmp_path, epochs=5)
     try:
         victim = wait_for(lambda: next((t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
-                                        if t.intermediate_values), None), what="a trial one epoch in")
+                                        if t.intermediate_values), None), what="a trial one epoch in",
+                          proc=proc)
         task = wait_for(lambda: _job_task(tmp_path), what="its submitit task")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
-from tests.helpers import LIVENESS, ROOT, wait_for
+from tests.helpers import LIVENESS, ROOT, load_existing, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -45,7 +45,7 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_and_matches_an_unint
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def load():
-        return optuna.load_study(study_name="resume", storage=f"sqlite:///{sweep_dir}/optuna.db")
+        return load_existing(f"sqlite:///{sweep_dir}/optuna.db", "resume")
 
     def after_three_epochs():
         for t in load().get_trials(states=(TrialState.RUNNING,)):
@@ -54,7 +54,7 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_and_matches_an_unint
                 return t, pid
         return None
 
-    victim, pid = wait_for(after_three_epochs, timeout=240, what="a worker's trial past its third epoch")
+    victim, pid = wait_for(after_three_epochs, timeout=240, what="a worker's trial past its third epoch", proc=proc)
     os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
@@ -88,7 +88,7 @@ def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").is_file()
                  and len(rows(sweep_dir / "0")) >= 3 + (epochs[-1] if epochs else 0), timeout=240,
-                 what="three more epochs")
+                 what="three more epochs", proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode != 0 and "stopped by SIGTERM" in out, out[-2000:]
@@ -114,7 +114,7 @@ def sigterm_after_two_epochs(sweep_dir, *overrides: str) -> tuple[int, str, floa
                             stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
-                 timeout=240, what="two epochs of a run")
+                 timeout=240, what="two epochs of a run", proc=proc)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)

@@ -53,7 +53,7 @@ def running_worker_trial(tmp_path, main_pid):
 def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_path):
     args = [*GRID, "sleep_s=0.4", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6", *LIVENESS]
     proc = start(tmp_path, *args)
-    victim, pid = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial")
+    victim, pid = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial", proc=proc)
     os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]  # max_failure_rate=0: the interrupted trial is not a failure
@@ -75,8 +75,9 @@ def test_sigkill_of_one_worker_mid_trial_is_retried_and_the_study_completes(tmp_
 def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(tmp_path):
     args = [*GRID, "sleep_s=0.5", "hydra.sweeper.n_workers=2", "hydra.sweeper.n_trials=6", *LIVENESS]
     proc = start(tmp_path, *args)
-    wait_for(lambda: len(load(tmp_path).get_trials(states=(TrialState.COMPLETE,))) >= 1, what="a finished trial")
-    running = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial")
+    wait_for(lambda: len(load(tmp_path).get_trials(states=(TrialState.COMPLETE,))) >= 1, what="a finished trial",
+             proc=proc)
+    running = wait_for(lambda: running_worker_trial(tmp_path, proc.pid), what="a running worker trial", proc=proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     try:  # an orphan that hangs on its way out is ended 30 s (max(grace_s, 30)) after its SIGTERM
@@ -280,7 +281,7 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
     second session end used up max_retries and failed the point for good."""
     proc = start(tmp_path, *BATCH)
     done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
-                             what="the short trials told while the long ones run")
+                             what="the short trials told while the long ones run", proc=proc)
     assert {t.params["epochs"] for t in done} == {1} and {t.params["epochs"] for t in running} == {60}
     for _ in range(2):  # a session ends (everything killed), twice; the second time while the retries run
         os.kill(proc.pid, signal.SIGKILL)
@@ -290,7 +291,7 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
         owner = f"{socket.gethostname()}:{proc.pid}"
         wait_for(lambda owner=owner: len([t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
                               if t.system_attrs.get(st.WORKER_ATTR) == owner]) == 2, timeout=120,
-                 what="the retries running in the new command")
+                 what="the retries running in the new command", proc=proc)
     proc.kill()
     proc.communicate(timeout=60)
     time.sleep(3)
@@ -308,7 +309,7 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
 def test_sigterm_to_a_sweep_running_a_batch_hands_back_only_the_running_trials(tmp_path):
     proc = start(tmp_path, *BATCH)
     done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
-                             what="the short trials told while the long ones run")
+                             what="the short trials told while the long ones run", proc=proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]

@@ -24,6 +24,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent
+from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
 log = logging.getLogger(__name__)
 _WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
@@ -193,7 +194,7 @@ def _log_finished(ret: JobReturn, idx: int, seconds: float, slot: int, n_done: i
         value = ret.return_value
         outcome = f"objective {value:.4g}" if isinstance(value, float) else f"returned {value!r}"
     else:
-        exc = ret._return_value
+        exc = job_exception(ret)
         outcome = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
     overrides = " ".join(filter_overrides(ret.overrides or []))
     log.info(f"[{n_done}/{n_all}] #{idx} {outcome} in {seconds:.1f} s (worker {slot}) {overrides}")
@@ -302,7 +303,7 @@ def _run_unit(configs: list[DictConfig], threads: int = 0) -> list[tuple[int, Jo
         out = []
         for cfg, ret in zip(configs, rets, strict=True):
             if ret.status == JobStatus.FAILED:
-                exc = ret._return_value
+                exc = job_exception(ret)
                 print(f"job #{cfg.hydra.job.num} failed:\n" + "".join(traceback.format_exception(exc)), flush=True)
                 ret.return_value = _picklable(exc)
             out.append((int(cfg.hydra.job.num), ret, seconds, _WORKER["slot"]))

@@ -39,7 +39,7 @@ class ClaimLoop:
         with liveness.Heartbeat(self.storage, self.heartbeat_s, orphan_exit_s) as beat, stop.installed():
             while not self._check_failures(study, final=False):
                 stop.check()
-                with storages.claim_lock(self.url, self.storage, study._study_id):
+                with storages.claim_lock(self.url, self.storage, studies.study_id(study)):
                     if beat.orphaned():  # not only within a heartbeat: a retry handed back now would be claimed
                         log.error("the main sweep process is gone; this worker claims no more trials")
                         raise SystemExit(128 + signal.SIGTERM)
@@ -53,7 +53,7 @@ class ClaimLoop:
                     time.sleep(poll_s)
                     progress.poll()
                     continue
-                beat.trial_ids = [t._trial_id for t in trials]
+                beat.trial_ids = [studies.trial_id(t) for t in trials]
                 told = Teller(self, study, dict(zip(jobs, trials, strict=True)), beat, progress, stop)
                 if numbered:
                     self.launcher.job_numbers = jobs
@@ -80,9 +80,9 @@ class ClaimLoop:
         has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one). A second
         Ctrl-C or SIGTERM meanwhile is ignored, so it cannot leave a trial failed without its retry."""
         why = f"worker {liveness.owner_id()} stopped answering (interrupted: {type(e).__name__} {e})"
-        with signals_ignored(), storages.claim_lock(self.url, self.storage, study._study_id):
+        with signals_ignored(), storages.claim_lock(self.url, self.storage, studies.study_id(study)):
             for t in trials:
-                frozen = self.storage.get_trial(t._trial_id)
+                frozen = self.storage.get_trial(studies.trial_id(t))
                 if frozen.state == TrialState.RUNNING:
                     log.warning(liveness.fail_and_retry(study, frozen, why, self.max_retries, counted=False))
 
@@ -110,10 +110,10 @@ class ClaimLoop:
         owner = liveness.owner_id()
         jobs = []
         for t in asked:
-            job = self.storage.get_trial_system_attrs(t._trial_id).get(studies.JOB_ATTR, t.number)
+            job = self.storage.get_trial_system_attrs(studies.trial_id(t)).get(studies.JOB_ATTR, t.number)
             for key, value in ((studies.WORKER_ATTR, owner), (studies.HEARTBEAT_ATTR, time.time()),
                                (studies.JOB_ATTR, job)):
-                self.storage.set_trial_system_attr(t._trial_id, key, value)
+                self.storage.set_trial_system_attr(studies.trial_id(t), key, value)
             jobs.append(job)
         return asked, jobs
 
@@ -140,13 +140,13 @@ class ClaimLoop:
         if ret.hydra_cfg is not None:
             trial.set_user_attr("run_dir", str(ret.hydra_cfg.hydra.runtime.output_dir))
         if ret.status == JobStatus.FAILED:
-            exc = ret._return_value
+            exc = protocol.job_exception(ret)
             if isinstance(exc, optuna.TrialPruned):
                 study.tell(trial, state=TrialState.PRUNED)
                 return
             if isinstance(exc, _submitit.JobDied):  # as a dead worker's trial: failed as interrupted, and retried
-                with storages.claim_lock(self.url, self.storage, study._study_id):
-                    frozen = self.storage.get_trial(trial._trial_id)
+                with storages.claim_lock(self.url, self.storage, studies.study_id(study)):
+                    frozen = self.storage.get_trial(studies.trial_id(trial))
                     msg = liveness.fail_and_retry(study, frozen, str(exc), self.max_retries)
                 (log.debug if "retried as trial" in msg else log.warning)(msg)  # a retry: the progress line says so
                 return
@@ -219,7 +219,7 @@ class Teller:
             lost = ("trial {} was failed by another worker as not answering (raise hydra.sweeper.grace_s?); its "
                     "result is dropped and its retry stands for it")
             try:
-                if self.impl.storage.get_trial(trial._trial_id).state.is_finished():
+                if self.impl.storage.get_trial(studies.trial_id(trial)).state.is_finished():
                     log.warning(lost.format(trial.number))
                 else:
                     self.impl._tell(self.study, trial, ret)
@@ -228,7 +228,7 @@ class Teller:
             except Exception as e:  # noqa: BLE001 - raised after the batch; the trial keeps its heartbeat till then
                 self.error = self.error or e
                 return
-            self.beat.trial_ids = [i for i in self.beat.trial_ids if i != trial._trial_id]
+            self.beat.trial_ids = [i for i in self.beat.trial_ids if i != studies.trial_id(trial)]
             try:
                 self.progress.poll()
             except Exception as e:  # noqa: BLE001 - the progress line only

@@ -225,17 +225,17 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             directions=self.directions, load_if_exists=True,
         )
         self.storage.set_study_system_attr(
-            study._study_id, studies.PRUNER_ATTR, OmegaConf.to_container(self.pruner_node, resolve=True)
+            studies.study_id(study), studies.PRUNER_ATTR, OmegaConf.to_container(self.pruner_node, resolve=True)
         )
         if self.is_grid:
             self._grid_order(study, node.get("seed"))
         if self.worker_id == 0:
             study.set_user_attr("fixed_overrides", self.fixed)
-            attrs = self.storage.get_study_system_attrs(study._study_id)
+            attrs = self.storage.get_study_system_attrs(studies.study_id(study))
             if studies.RECIPE_ATTR not in attrs:
-                self.storage.set_study_system_attr(study._study_id, studies.RECIPE_ATTR, self._recipe())
+                self.storage.set_study_system_attr(studies.study_id(study), studies.RECIPE_ATTR, self._recipe())
             if self.is_grid and studies.GRID_ATTR not in attrs:
-                self.storage.set_study_system_attr(study._study_id, studies.GRID_ATTR, self.grid)
+                self.storage.set_study_system_attr(studies.study_id(study), studies.GRID_ATTR, self.grid)
         return study
 
     # ------------------------------------------------------------------ sweep
@@ -245,7 +245,8 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         self.budget = self.n_trials if self.grid is None else min(self.n_trials, len(self.points))
         self.reaper = liveness.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
-            with storages.claim_lock(self.url, self.storage, study._study_id):  # an earlier command's trials: resumed
+            # an earlier command's trials: resumed
+            with storages.claim_lock(self.url, self.storage, studies.study_id(study)):
                 reaped = self.reaper.reap(study, starting=True)
             log.info(
                 f"Study {self.name!r} in {storages.safe(self.url)}: sampler {type(study.sampler).__name__}, pruner "

@@ -18,7 +18,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of
+from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of, study_id, study_storage, trial_id
 from .parent_watch import watch_parent
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,9 @@ class Reaper:
         if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
             return f"worker {owner} stopped answering (its process is gone)"
         beat, now = t.system_attrs.get(HEARTBEAT_ATTR), time.monotonic()
-        last = self.seen.get(t._trial_id)
+        last = self.seen.get(trial_id(t))
         if last is None or last[0] != beat:
-            self.seen[t._trial_id] = (beat, now)
+            self.seen[trial_id(t)] = (beat, now)
             return None
         if now - last[1] > self.grace_s:
             return f"worker {owner} stopped answering (no heartbeat for {now - last[1]:.0f} s)"
@@ -123,7 +123,7 @@ class Reaper:
             why = self.why_dead(t, starting)
             if why is None:
                 if starting:
-                    study._storage.set_trial_system_attr(t._trial_id, RESUMED_ATTR, True)
+                    study_storage(study).set_trial_system_attr(trial_id(t), RESUMED_ATTR, True)
                 continue
             counted = not starting and not t.system_attrs.get(RESUMED_ATTR)
             lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
@@ -137,11 +137,11 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
     ``counted=False`` (a deliberate stop: SIGTERM or SIGINT, after the run saved its checkpoint; or a trial
     found, when a command starts, left RUNNING by an earlier command that is gone) always enqueues the retry
     and does not use up `max_retries`, which is for workers that die while the sweep goes on."""
-    storage = study._storage
+    storage = study_storage(study)
     try:
-        storage.set_trial_user_attr(t._trial_id, "error", why)
-        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        storage.set_trial_user_attr(trial_id(t), "error", why)
+        storage.set_trial_user_attr(trial_id(t), "interrupted", True)
+        storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
     except UpdateFinishedTrialError:
         return f"trial {t.number} finished while being failed as interrupted; not retried"
     retries = int(t.user_attrs.get("retries", 0))
@@ -152,6 +152,6 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
         system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
         user_attrs={"retry_of": t.number, "retries": retries + 1 if counted else retries},
     )
-    number = storage.get_trial_number_from_id(storage.create_new_trial(study._study_id, template_trial=template))
+    number = storage.get_trial_number_from_id(storage.create_new_trial(study_id(study), template_trial=template))
     return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
             + ("" if counted else " (a stop of the sweep: not counted against hydra.sweeper.max_retries)"))

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "env_overrides",
-           "flatten_config", "implied_direction", "make_reporter", "open_existing_storage", "open_storage",
-           "runtime_keys", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
+           "flatten_config", "implied_direction", "job_exception", "make_reporter", "open_existing_storage",
+           "open_storage", "runtime_keys", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
@@ -150,6 +150,12 @@ def implied_direction(job_config: Any) -> tuple[str, str, str] | None:
 def runtime_keys() -> tuple[str, ...]:
     """The keys a rerun may change (``hydra`` and what the app declared)."""
     return _APP["runtime_keys"]
+
+
+def job_exception(ret: Any) -> BaseException:
+    """The exception a failed Hydra job raised. ``JobReturn.return_value``, Hydra's public way, re-raises it and
+    writes "Error executing job" to stderr, so this is the one place that reads the private ``_return_value``."""
+    return ret._return_value
 
 
 def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:

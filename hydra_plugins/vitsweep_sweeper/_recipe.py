@@ -90,9 +90,9 @@ class RecipeChecks:
 
     def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
         """The study's grid order comes from the seed it was started with: every later process keeps it."""
-        attrs = self.storage.get_study_system_attrs(study._study_id)
+        attrs = self.storage.get_study_system_attrs(studies.study_id(study))
         if studies.GRID_SEED_ATTR not in attrs:
-            self.storage.set_study_system_attr(study._study_id, studies.GRID_SEED_ATTR, seed)
+            self.storage.set_study_system_attr(studies.study_id(study), studies.GRID_SEED_ATTR, seed)
         elif attrs[studies.GRID_SEED_ATTR] != seed:
             log.warning(f"hydra.sweeper.sampler.seed={seed} is ignored: study {self.name!r} keeps the grid order of "
                         f"seed {attrs[studies.GRID_SEED_ATTR]}, so every point still runs once")

@@ -69,7 +69,7 @@ class WorkerProcesses:
         tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
         log.error(f"lost worker {i} (pid {proc.pid}, exit {proc.returncode}); the others go on. Its log ends:\n"
                   + "\n".join(tail))
-        with storages.claim_lock(self.url, self.storage, study._study_id):
+        with storages.claim_lock(self.url, self.storage, studies.study_id(study)):
             self.reaper.reap(study)
         return f"worker {i} (exit {proc.returncode})"
 
