@@ -298,6 +298,25 @@ def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
     return parts
 
 
+def train_stacked(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
+                  reporters: Sequence[Reporter | None], sweep_dir: str | Path | None = None) -> list[Any]:
+    """The vectorized launcher's entry (declared by ``src/train.py``): ``train_members``, then per run what a
+    single run's task returns (``src.train.objective_of``: its objective, or ``optuna.TrialPruned`` for a pruned
+    trial) or the exception that ended it."""
+    from src.train import objective_of
+
+    out: list[Any] = []
+    for result, reporter in zip(train_members(cfgs, run_dirs, reporters, sweep_dir), reporters, strict=True):
+        if isinstance(result, BaseException):
+            out.append(result)
+            continue
+        try:
+            out.append(objective_of(result, in_trial=reporter is not None))
+        except Exception as e:  # noqa: BLE001 - optuna.TrialPruned: the member's JobReturn carries it
+            out.append(e)
+    return out
+
+
 def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
                   reporters: Sequence[Reporter | None] | None = None,
                   sweep_dir: str | Path | None = None) -> list[dict | BaseException]:

@@ -121,9 +121,13 @@ def test_stack_auto_groups_members_on_cuda_only():
     from tests.conftest import compose_cfg
 
     cfgs = [compose_cfg(["model=cnn", f"seed={s}"]) for s in (0, 1, 2)]
-    assert plan_units(cfgs, "auto", 16, "cpu") == [[0], [1], [2]]
-    assert plan_units(cfgs, "auto", 16, "cuda") == [[0, 1, 2]] == plan_units(cfgs, "always", 16, "cpu")
-    assert plan_units(cfgs, "never", 16, "cuda") == [[0], [1], [2]] == plan_units(cfgs, "always", 1, "cuda")
+    s = "src.stacked"  # vitsweep's stacker, as src/train.py declares it
+    assert plan_units(cfgs, "auto", 16, "cpu", s) == [[0], [1], [2]]
+    assert plan_units(cfgs, "auto", 16, "cuda", s) == [[0, 1, 2]] == plan_units(cfgs, "always", 16, "cpu", s)
+    assert plan_units(cfgs, "never", 16, "cuda", s) == [[0], [1], [2]] == plan_units(cfgs, "always", 1, "cuda", s)
+    assert plan_units(cfgs, "auto", 16, "cuda", None) == [[0], [1], [2]]  # an app with no stacked training
+    with pytest.raises(ValueError, match="declares no stacked training"):
+        plan_units(cfgs, "always", 16, "cuda", None)
 
 
 @pytest.mark.parametrize("n_procs", [1, 2])
@@ -240,7 +244,8 @@ def test_stacked_members_return_what_a_single_run_returns(monkeypatch):
     monkeypatch.setattr(protocol, "trial_of_hydra", lambda hydra_cfg: None)
     monkeypatch.setattr(protocol, "make_reporter", lambda trial: object())  # every member is in a trial
     monkeypatch.setattr(src.stacked, "train_members", lambda *args, **kwargs: summaries)
-    rets = members.run_member_jobs([OmegaConf.create({"hydra": {}}) for _ in summaries], hydra_context=None)
+    rets = members.run_member_jobs([OmegaConf.create({"hydra": {}}) for _ in summaries], hydra_context=None,
+                                   stacker="src.stacked")
     assert [r.status for r in rets] == [JobStatus.FAILED, JobStatus.COMPLETED, JobStatus.FAILED]
     with pytest.raises(optuna.TrialPruned, match="pruned at epoch 3 with val_error 0.5"):
         rets[0].return_value  # noqa: B018 - a failed JobReturn raises its exception when read

@@ -1,9 +1,11 @@
 """The vectorized launcher's pool: worker processes (spawn context) that pull units of work as they free
 up. A unit is one job (run through Hydra's ``run_job``, as the basic launcher does) or a group of jobs
-trained as one stacked model (``src.stacked``). Each worker writes everything it prints to
+trained as one stacked model (by the app's stacker: ``protocol.declare_app(stacker=...)``, vitsweep's
+``src.stacked``). Each worker writes everything it prints to
 ``<sweep dir>/.launcher/worker-<k>.log``; the launching process prints one line per finished run.
 """
 
+import importlib
 import logging
 import multiprocessing as mp
 import os
@@ -23,6 +25,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydra_plugins.vitsweep_sweeper import protocol
 from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
@@ -44,8 +47,9 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     configs = JobConfigs(launcher, numbers, job_overrides)
     gpus = _job_gpus(configs[0])
     device = "cuda" if gpus else "cpu"
+    stacker = protocol.stacker()  # a module path: the pool's workers import it themselves
     if stacks(launcher.stack, launcher.max_members, device, len(configs)):  # grouping reads every config first
-        units = plan_units(list(configs), launcher.stack, launcher.max_members, device)
+        units = plan_units(list(configs), launcher.stack, launcher.max_members, device, stacker)
     else:  # one job a unit: each config is composed just before its job is handed out, while the first ones run
         units = [[i] for i in range(len(configs))]
     cores = _cpu_count()  # the cores this process may use (a vitsweep sweeper worker is pinned to its share)
@@ -62,15 +66,15 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     results: dict[int, JobReturn] = {}
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
     broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, notify,
-                       threads=threads)
+                       threads=threads, stacker=stacker)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
         broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results, notify,
-                           threads=threads)
+                           threads=threads, stacker=stacker)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
         _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True,
-                  threads=threads)
+                  threads=threads, stacker=stacker)
     return [results[num] for num in numbers]
 
 
@@ -166,12 +170,12 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
 
 def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequence[DictConfig],
               results: dict[int, JobReturn], notify: Any = None, final: bool = False,
-              threads: int = 0) -> list[list[int]]:
+              threads: int = 0, stacker: str | None = None) -> list[list[int]]:
     """Run the units, filling ``results`` by job number and calling ``notify(job number, JobReturn)`` as each
     job ends (not when the whole batch has); returns the units lost to a dead worker (their jobs fail with
     that error when ``final``)."""
     broken = []
-    futures = {pool.submit(_run_unit, [configs[i] for i in unit], threads): unit for unit in units}
+    futures = {pool.submit(_run_unit, [configs[i] for i in unit], threads, stacker): unit for unit in units}
     for fut in as_completed(futures):
         try:
             done = fut.result()
@@ -231,12 +235,16 @@ def stacks(stack: str, max_members: int, device: str, n_jobs: int) -> bool:
     return not (stack == "never" or max_members == 1 or (stack == "auto" and device != "cuda") or n_jobs < 2)
 
 
-def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: str) -> list[list[int]]:
-    """Positions of the jobs to run together: one list per unit, in job order of their first member."""
-    if not stacks(stack, max_members, device, len(configs)):
+def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: str,
+               stacker: str | None) -> list[list[int]]:
+    """Positions of the jobs to run together: one list per unit, in job order of their first member. ``stacker``:
+    the app's stacked training (``protocol.stacker()``); without one every job is a unit of its own."""
+    if stacker is None and stack == "always" and max_members > 1 and len(configs) > 1:
+        raise ValueError("hydra.launcher.stack=always: this app declares no stacked training "
+                         "(hydra_plugins.vitsweep_sweeper.protocol.declare_app(stacker=...)); use stack=auto or never")
+    if stacker is None or not stacks(stack, max_members, device, len(configs)):
         return [[i] for i in range(len(configs))]
-    from src.stacked import plan_groups
-
+    plan_groups = importlib.import_module(stacker).plan_groups
     return plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
 
 
@@ -282,7 +290,8 @@ def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: li
           + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
 
 
-def _run_unit(configs: list[DictConfig], threads: int = 0) -> list[tuple[int, JobReturn, float, int]]:
+def _run_unit(configs: list[DictConfig], threads: int = 0,
+              stacker: str | None = None) -> list[tuple[int, JobReturn, float, int]]:
     # a job the pool queued to this worker before its launching process died, or before a stop signal ended
     # its last job: the pool hands each worker its next job early, and that job would train on after the stop
     _exit_if("orphaned", "stopped")
@@ -298,7 +307,7 @@ def _run_unit(configs: list[DictConfig], threads: int = 0) -> list[tuple[int, Jo
             from .members import run_member_jobs
 
             print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
-            rets = run_member_jobs(configs, _WORKER["hydra_context"])
+            rets = run_member_jobs(configs, _WORKER["hydra_context"], stacker)
         seconds = time.perf_counter() - start
         out = []
         for cfg, ret in zip(configs, rets, strict=True):

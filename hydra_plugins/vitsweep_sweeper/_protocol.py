@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "env_overrides",
            "flatten_config", "implied_direction", "job_exception", "make_reporter", "open_existing_storage",
-           "open_storage", "runtime_keys", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
+           "open_storage", "runtime_keys", "stacker", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
@@ -117,11 +117,11 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
 
 # ------------------------------------------------------------------------------------ what the app declares
 # What an app tells the sweeper about its task (declare_app); empty in an app that declares nothing
-_APP: dict[str, Any] = {"objective": None, "direction": None, "runtime_keys": ("hydra",)}
+_APP: dict[str, Any] = {"objective": None, "direction": None, "runtime_keys": ("hydra",), "stacker": None}
 
 
 def declare_app(objective: str | None = None, direction: Callable[[str], str] | None = None,
-                runtime_keys: Iterable[str] = ()) -> None:
+                runtime_keys: Iterable[str] = (), stacker: str | None = None) -> None:
     """Tell the sweeper how to read this app's task; call it when the module that holds ``@hydra.main`` is imported,
     so the sweep's main process and its worker processes (which rerun the same command) all have it.
 
@@ -131,8 +131,14 @@ def declare_app(objective: str | None = None, direction: Callable[[str], str] | 
     ``runtime_keys`` are config keys (each with everything under it) that a rerun may change without changing what a
     trial computes, such as stop limits, threads and progress bars: the recipe check that guards a resumed study
     ignores them. An app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
-    over every key but ``hydra``."""
-    _APP.update(objective=objective, direction=direction, runtime_keys=("hydra", *runtime_keys))
+    over every key but ``hydra``.
+
+    ``stacker`` is the module path of the app's stacked training, for the vectorized launcher
+    (``hydra.launcher.stack``): its ``plan_groups(task_configs, max_members, strict)`` gives the positions of the
+    jobs to train together (one list per unit), and ``train_stacked(task_configs, run_dirs, reporters, sweep_dir)``
+    trains one group and returns, per job, what the task returns or the exception that ended it. Without one, every
+    job runs alone."""
+    _APP.update(objective=objective, direction=direction, runtime_keys=("hydra", *runtime_keys), stacker=stacker)
 
 
 def implied_direction(job_config: Any) -> tuple[str, str, str] | None:
@@ -145,6 +151,11 @@ def implied_direction(job_config: Any) -> tuple[str, str, str] | None:
 
     value = OmegaConf.select(job_config, key, default=None)
     return None if value is None else (key, str(value), rule(str(value)))
+
+
+def stacker() -> str | None:
+    """The module path of the app's stacked training, or None."""
+    return _APP["stacker"]
 
 
 def runtime_keys() -> tuple[str, ...]:
