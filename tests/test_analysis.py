@@ -165,7 +165,7 @@ def test_load_study_joins_trials_to_runs(tmp_path):
 
 
 def test_a_run_told_through_a_retry_shows_the_state_of_the_trial_that_reported_it(tmp_path):
-    """Found in heads_depth's report (2026-11-25): a run that finished while its trial was not told (a killed sweep)
+    """Found in heads_depth's report: a run that finished while its trial was not told (a killed sweep)
     is reported by a retry in the same run dir, and its summary keeps the first trial's number; the trials table
     showed that run as 'completed' with Optuna state FAIL, as if a failed trial were in the results."""
     optuna = pytest.importorskip("optuna")
@@ -637,7 +637,7 @@ def test_a_stalled_run_stays_in_the_descent_curves_with_its_flag(tmp_path, old):
 
 
 def test_a_run_that_ends_at_chance_after_the_epoch_cap_is_flagged_stalled(tmp_path):
-    """Found in double_descent_cnn_cifar10 (2026-11-25): C1 = 4 at 0% noise learned (best test error 60%), then
+    """Found in double_descent_cnn_cifar10: C1 = 4 at 0% noise learned (best test error 60%), then
     collapsed to chance and, its train error flickering in the third decimal, ran to the epoch cap: stop_reason
     max_epochs, `stalled: false`, test error 90%, a spike in the descent curve that looks like a peak."""
     root = double_descent_sweep(tmp_path / "sweep", seeds=2)
@@ -725,7 +725,7 @@ def test_by_epoch_tables_test_error_per_width_and_noise_at_each_epoch(tmp_path):
 
 
 def test_a_peak_made_of_runs_stuck_at_chance_is_not_a_significant_double_descent_peak():
-    """Found in the CIFAR-10 study (2026-11-25): at 0% noise both C1 = 4 runs collapsed to chance (test error 90%)
+    """Found in the CIFAR-10 study: at 0% noise both C1 = 4 runs collapsed to chance (test error 90%)
     between learned widths at 72% and 62%; the report called that a significant peak (z = 14.8) at the threshold.
     A model that never fit its training set is a failed training, not the interpolation peak: the peak is shown
     with its stalled seeds counted and is not called significant."""
@@ -753,7 +753,7 @@ def test_the_trials_table_names_a_run_that_ended_at_chance_after_its_epoch_cap(t
 
 
 def test_a_run_that_learned_then_collapsed_is_flagged_like_one_stuck_at_chance(tmp_path):
-    """Found in the CIFAR-10 study (2026-11-25): C1 = 3 and 6 runs reached 3-6% train error, then collapsed and
+    """Found in the CIFAR-10 study: C1 = 3 and 6 runs reached 3-6% train error, then collapsed and
     ended at 87% (chance 90%, so outside the 1-point stall margin) with test error 89%; left unflagged, the curves
     without stalled runs showed them as "significant peaks" (z = 9.0 and 6.4). A run whose train error ended far
     above the lowest it reached did not end as a learned model; an unstable run that still learned is kept plain."""

@@ -197,7 +197,7 @@ def test_killing_the_launching_process_stops_its_workers_after_they_save(tmp_pat
 
 @pytest.mark.faults
 def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
-    """Found by CI (2026-11-25): a pool worker still starting (spawn: importing) when its launching process was
+    """Found by CI: a pool worker still starting (spawn: importing) when its launching process was
     killed took the process it was re-parented to for its parent, so it never saw its parent gone and lived on
     as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever)."""
     from tests.helpers import run_marked, wait_until_gone

@@ -143,7 +143,7 @@ def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(t
 
 
 def test_sigterm_stops_a_pool_worker_before_the_job_queued_to_it_starts(tmp_path):
-    """Found in the CIFAR-10 double-descent study (2026-11-25): the pool hands each worker its next job before
+    """Found in the CIFAR-10 double-descent study: the pool hands each worker its next job before
     the current one ends; after SIGTERM a worker whose run had saved and stopped started that queued job, which
     trained on until the launcher SIGKILLed it 60 s later (`did not exit 60 s after SIGTERM: killed`). A worker
     whose job a stop signal ended takes no further job."""

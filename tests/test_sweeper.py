@@ -201,7 +201,7 @@ def test_a_grid_study_resumed_with_another_grid_is_refused_and_its_own_grid_stil
 
 
 def test_a_changed_key_that_only_some_presets_set_still_fails_the_resume(tmp_path):
-    """Found resuming heads_depth (2026-11-25): a key that any preset set (the CNN preset's optimizer.lr) was left
+    """Found resuming heads_depth: a key that any preset set (the CNN preset's optimizer.lr) was left
     out of the recorded recipe for every trial, so changing it on the command line resumed the study and silently
     trained the other presets' trials (the ViTs, whose lr comes from the config) under another recipe. Now each
     preset choice's composed config is recorded (tests/sweeper_app/conf/hydra/sweeper/app_presets.yaml)."""

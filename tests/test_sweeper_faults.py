@@ -276,7 +276,7 @@ def told_while_batch_runs(tmp_path):
 
 
 def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in_one_batch(tmp_path):
-    """Found in heads_depth (2026-11-25): the storage learnt a batch's results only when the whole batch returned,
+    """Found in heads_depth: the storage learnt a batch's results only when the whole batch returned,
     so a killed sweep left its finished trials RUNNING; their retries ran one at a time; and a retry killed by a
     second session end used up max_retries and failed the point for good."""
     proc = start(tmp_path, *BATCH)
