@@ -27,10 +27,11 @@ from src.data.loader import Loader, fits_on_device
 from src.label_noise import apply_label_noise
 from src.optim import build_optimizer
 from src.records import RunRecorder
+from src.run_contract import objective_direction
 from src.schedule import lr_at
 from src.stop_rules import StopRules, steps_in_run
 from src.trial import current_trial
-from src.validate import check_config, objective_direction, resolve_objective, resolve_precision
+from src.validate import check_config, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from src import run_contract
-from src.run_contract import COLLAPSE_RISE, LIMITS, MIN_CHANCE_ERROR, STALLED_MARGIN  # noqa: F401 (re-exported)
+from src.run_contract import COLLAPSE_RISE, MIN_CHANCE_ERROR, STALLED_MARGIN  # noqa: F401 (re-exported)
 
 FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
 

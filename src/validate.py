@@ -9,7 +9,7 @@ import torch
 
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
-from src.run_contract import BINARY_METRICS, objective_direction  # noqa: F401 (objective_direction re-exported)
+from src.run_contract import BINARY_METRICS
 from src.schedule import SCHEDULERS
 from src.trackers import check_trackers
 

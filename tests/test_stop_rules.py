@@ -7,9 +7,9 @@ import math
 import pytest
 
 from hydra_plugins.vitsweep_sweeper.protocol import ENV
+from src.run_contract import objective_direction
 from src.stop_rules import StopRules
 from src.trainer import train
-from src.validate import objective_direction
 
 # (eval_every, converge_epochs) -> the epoch a run with a constant train error stops at:
 # the first evaluation with one at or before converge_epochs epochs earlier.

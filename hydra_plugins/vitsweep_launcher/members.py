@@ -17,18 +17,19 @@ def run_member_jobs(configs: list[DictConfig], hydra_context: Any, stacker: str)
     from hydra_plugins.vitsweep_sweeper.protocol import make_reporter, trial_of_hydra
 
     captured: list[tuple[DictConfig, str]] = []
-    sweep_dirs = []
+    sweep_dir: Path | None = None  # the members' shared sweep dir (e.g. where their trackers keep one store)
 
     def record(task_cfg: DictConfig) -> None:
+        nonlocal sweep_dir
         captured.append((task_cfg, HydraConfig.get().runtime.output_dir))
-        sweep_dirs.append(Path(str(HydraConfig.get().sweep.dir)).absolute())  # e.g. a tracker store the runs share
+        sweep_dir = Path(str(HydraConfig.get().sweep.dir)).absolute()
 
     rets = [run_job(hydra_context=hydra_context, task_function=record, config=cfg, job_dir_key="hydra.sweep.dir",
                     job_subdir_key="hydra.sweep.subdir") for cfg in configs]
     # each member's trial comes from its own Hydra config (the environment holds none once run_job returns)
     reporters = [make_reporter(trial_of_hydra(cfg.hydra)) for cfg in configs]
-    results = importlib.import_module(stacker).train_stacked(
-        [c for c, _ in captured], [d for _, d in captured], reporters, sweep_dir=sweep_dirs[0] if sweep_dirs else None)
+    results = importlib.import_module(stacker).train_stacked([c for c, _ in captured], [d for _, d in captured],
+                                                             reporters, sweep_dir=sweep_dir)
     for ret, result in zip(rets, results, strict=True):
         if isinstance(result, BaseException):
             ret.return_value, ret.status = result, JobStatus.FAILED

@@ -37,7 +37,7 @@ class Heartbeat:
     process it also starts the watch (`parent_watch`) that sends the worker SIGTERM once the main sweep process
     is gone, and ends it `orphan_exit_s` later if it has not stopped by then."""
 
-    def __init__(self, storage: optuna.storages.BaseStorage, heartbeat_s: float, orphan_exit_s: float = 60.0) -> None:
+    def __init__(self, storage: optuna.storages.BaseStorage, heartbeat_s: float, orphan_exit_s: float) -> None:
         self.storage, self.heartbeat_s, self.orphan_exit_s = storage, heartbeat_s, orphan_exit_s
         self.trial_ids: list[int] = []
         self.parent = int(os.environ.get(PARENT_ENV) or 0)

@@ -27,7 +27,6 @@ RECIPE_VERSION_KEY = "vitsweep:recipe_version"  # in the recorded recipe: how it
 RECIPE_VERSION = 2  # 2: {"configs": one flattened job config per preset choice}; 1: the shared config, flattened
 
 
-
 # Optuna's storage API takes study and trial ids, but neither optuna.Study nor its trials expose them (or the
 # study's storage) publicly: these three are the one place that reads the private attributes.
 def study_id(study: optuna.Study) -> int:
@@ -43,6 +42,7 @@ def trial_id(trial: Any) -> int:
 def study_storage(study: optuna.Study) -> optuna.storages.BaseStorage:
     """The storage ``study`` was loaded from."""
     return study._storage
+
 
 def _node(value: Any, table: dict[str, Any], key: str) -> DictConfig:
     if value is None:
