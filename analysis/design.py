@@ -25,7 +25,8 @@ W is the **critical width** (``center='critical'``): the widest grid width below
 just fails to fit its labels, where Nakkiran et al.'s peak sits (their critical regime: the model can barely fit
 the training set); ``center='threshold'`` tests at T itself and is reported as a sensitivity check. W comes from the
 main run's train errors only, so the widths tested are fixed without looking at any test error. The power figure
-uses the pooled seed sd of both contrasts, measured the same way on the pilot.
+uses the pooled seed sd of both contrasts, measured the same way on the pilot (``Spread.power_sd``: where no pilot
+contrast had a neighbour on each side, sqrt(2) x one width's seed sd, and the output says which).
 
 ``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
@@ -187,6 +188,21 @@ class Spread:
     width_sd: float  # pooled sd over seeds of one width's test error
     curves: int
 
+    @property
+    def power_sd(self) -> float:
+        """The sd the power figure uses: the pilot's contrast sd; where no pilot curve had a contrast with both
+        neighbours (0 dof), sqrt(2) x one width's sd, the contrast's sd if the two widths' errors were independent
+        (seeds share data and labels across widths, so the paired contrast's true sd is at most this when the
+        errors correlate positively)."""
+        return self.contrast_sd if self.dof else float(np.sqrt(2) * self.width_sd)
+
+    @property
+    def power_source(self) -> str:
+        if self.dof:
+            return f"the pilot's contrast sd {self.contrast_sd:.4f} ({self.dof} dof over {self.curves} curves)"
+        return (f"sqrt(2) x the pilot's one-width sd {self.width_sd:.4f} = {self.power_sd:.4f} (no pilot contrast "
+                "had a neighbour on each side)")
+
 
 def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: str = "critical") -> Spread:
     """Seed spread of the pilot's curves (unflagged runs): of the contrast at each curve's threshold, and of a
@@ -299,7 +315,7 @@ def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: i
         return {}
     ok = ok.assign(dist=np.abs(np.log(ok["threshold"] / target)))
     row = ok.sort_values(["dist", "threshold"]).iloc[0]
-    sd = p["spread"].contrast_sd
+    sd = p["spread"].power_sd
     seeds = next((k for k in range(min_seeds, max_seeds + 1) if mde(sd, k) <= p["effect"]), max_seeds)
     out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"]), "seeds": seeds,
            "mde": mde(sd, seeds)}
@@ -332,7 +348,7 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
               .reset_index())
     return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th,
             "collapses": collapse_table(df, width), "spread": sp,
-            "mde": {k: mde(sp.contrast_sd, k) for k in seeds}, "effect": effect,
+            "mde": {k: mde(sp.power_sd, k) for k in seeds}, "effect": effect,
             "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
                       for r in th.to_dict("records")}}
 
@@ -349,7 +365,8 @@ def plan_markdown(p: dict) -> str:
               to_markdown(p["thresholds"]), "",
               "### Seed spread and the smallest detectable peak", "",
               f"Contrast sd {sp.contrast_sd:.4f} ({sp.dof} dof over {sp.curves} curves); one width's test-error sd "
-              f"{sp.width_sd:.4f}. Two one-sided paired t-tests (alpha {ALPHA} each), joint power {POWER}:", "",
+              f"{sp.width_sd:.4f}. Power from {sp.power_source}. Two one-sided paired t-tests (alpha {ALPHA} "
+              f"each), joint power {POWER}:", "",
               "| seeds | smallest detectable contrast |", "|---|---|"]
     lines += [f"| {k} | {v:.4f} |" for k, v in p["mde"].items()]
     lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
@@ -364,7 +381,8 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
     rows = pd.DataFrame([asdict(t) for t in tests])
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
-            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof).\n\n" + to_markdown(rows) + "\n")
+            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof); power from {pilot.power_source}.\n\n"
+            + to_markdown(rows) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
         sp = spread(pilot, tol=a.tol, rule=a.center)
         main_runs = load_runs(a.paths, optuna_state=False)
-        text = tests_markdown(peak_tests(main_runs, sp.contrast_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
+        text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
     print(text)
     if a.out:
         from pathlib import Path

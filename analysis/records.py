@@ -3,11 +3,11 @@ report.
 
 From every run dir under SRC it copies what the analysis reads (``summary.json``, ``metrics.jsonl``,
 ``.hydra/config.yaml``, ``.hydra/overrides.yaml``) and the sweep's Optuna storage (``optuna.db``), never
-checkpoints or logs, keeping the folder layout. Each ``--replace`` rewrites a path prefix in the text records (an
-absolute ``dataset.root`` or sweep dir of the machine that ran it becomes one relative to the repository, so the
-records read the same on any clone). A file that already exists in DST is never overwritten: records are moved
-aside by hand, not replaced by a second copy. ``python -m analysis.records DIR --in-place --replace OLD=NEW``
-rewrites the paths of records already committed.
+checkpoints, logs or the ``previous-*`` folders a restart moved aside, keeping the folder layout. Each ``--replace``
+rewrites a path prefix in the text records (an absolute ``dataset.root`` or sweep dir of the machine that ran it
+becomes one relative to the repository, so the records read the same on any clone). A file that already exists in
+DST is never overwritten: records are moved aside by hand, not replaced by a second copy. ``python -m
+analysis.records DIR --in-place --replace OLD=NEW`` rewrites the paths of records already committed.
 """
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from pathlib import Path
 
 RUN_FILES = ("summary.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")
 SWEEP_FILES = ("optuna.db",)
+MOVED_ASIDE = "previous-"  # src.checkpoint moves a restarted run's old records into previous-<time>/
 
 
 def _is_record(path: Path) -> bool:
     if path.name in SWEEP_FILES:
         return True
     run = path.parent.parent if path.parent.name == ".hydra" else path.parent
+    if run.name.startswith(MOVED_ASIDE):  # an interrupted attempt's files, superseded by the run dir's own
+        return False
     return any(path == run / f for f in RUN_FILES)
 
 
@@ -47,7 +50,7 @@ def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | Non
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise SystemExit(f"{src}: no such sweep or run folder")
-    replace = replace or {}
+    replace = dict(sorted((replace or {}).items(), key=lambda kv: -len(kv[0])))  # longer prefixes first
     written = []
     for path in sorted(p for p in src.rglob("*") if p.is_file() and _is_record(p)):
         out = dst / path.relative_to(src)

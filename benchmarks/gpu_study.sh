@@ -54,9 +54,13 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 echo "cpus $(nproc)"
 
 if [ "${MODE:-pilot}" = main ]; then  # the declared main run alone (scale main), both stop arms at once
-  # an earlier call's committed state (its storage names $W/main, where it ran): the sweep resumes it
-  SEED=docs/studies/double_descent_cnn_cifar10/in_progress/main
-  [ "$W" = /tmp/vitsweep_gpu ] && [ -d "$SEED" ] && [ ! -d "$W/main" ] && cp -a "$SEED" "$W/main" && echo "resuming $SEED"
+  # an earlier call's committed records (paths relative to the repository): copied to $W/main with their paths
+  # made this machine's again (the storage's recipe names the dataset the run was started with), the sweep resumes
+  SEED=docs/studies/double_descent_cnn_cifar10/records/main
+  if [ -d "$SEED" ] && [ ! -d "$W/main" ]; then
+    cp -a "$SEED" "$W/main" && python3 -m analysis.records "$W/main" --in-place --replace "$SEED=$W/main" \
+      --replace ".gpudata/=$DATA/" && echo "resuming $SEED"
+  fi
   for arm in main main_fixed; do  # the fixed arm: every run the full 300 epochs (the scale's header)
     extra=(); [ $arm = main_fixed ] && extra=(trainer.converge_epochs=null
       hydra.sweeper.study_name=double_descent_cnn_cifar10_main_fixed)

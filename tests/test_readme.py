@@ -159,9 +159,11 @@ def anchors(md: Path) -> set[str]:
 
 
 def link_pages() -> list[Path]:
-    """README.md and the docs pages outside the study and benchmark output folders (those hold generated reports)."""
+    """README.md, the docs pages and each study's hand-written report (generated reports under a study's analysis/
+    and the benchmark outputs are left out)."""
     docs = ROOT / "docs"
-    return [README, *sorted(docs.glob("*.md")), docs / "benchmarks" / "README.md", docs / "studies" / "README.md"]
+    return [README, *sorted(docs.glob("*.md")), docs / "benchmarks" / "README.md", docs / "studies" / "README.md",
+            *sorted(docs.glob("studies/*/report.md"))]
 
 
 @pytest.mark.parametrize("page", link_pages(), ids=lambda p: str(p.relative_to(ROOT)))

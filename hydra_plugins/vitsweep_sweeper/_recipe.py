@@ -22,9 +22,9 @@ class RecipeChecks:
         study's trials so far, custom_search_space's included). Version 2: one flattened job config per preset
         choice, composed as its trials are (the config, the choice's overrides, the fixed ones), so a key that only
         some choices set, the contents of a config group a choice selects, and a fixed override of a key the
-        presets set are all in it; without presets one config, named "". Version 1 (the studies in
-        docs/studies/heads_depth/state and docs/studies/double_descent_cnn_cifar10/state hold it): the shared config
-        without every key any preset sets, so a change to such a key (e.g. heads_depth's optimizer.lr, which only the
+        presets set are all in it; without presets one config, named "". Version 1 (the storages in
+        docs/studies/heads_depth/records/main and docs/studies/double_descent_cnn_cifar10/records/earlier_cpu hold
+        it): the shared config without every key any preset sets, so a change to such a key (e.g. heads_depth's optimizer.lr, which only the
         CNN preset sets) went unnoticed; such a study keeps that check."""
         sampled = set(self.space) | _trial_keys(trials or [])
         presets = {key: table for key, table in (self.presets or {}).items() if key not in self.fixed}

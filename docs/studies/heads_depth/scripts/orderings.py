@@ -1,0 +1,163 @@
+"""The published orderings of the learning-curve study (EPFL study 4.2), tested on heads_depth's runs.
+
+    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis/orderings
+    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis --declared
+
+The second form applies the declared fit-range rule (issue 26; ``analysis.fits.overfitting_regime``: a size enters
+an architecture's fit only when every seed there interpolated its training set, train error <= 1%, none stalled)
+and writes ``declared.md``: the range per architecture, alpha per architecture and the slope orderings on it.
+
+Writes ``tables/alpha_by_arch.csv`` (alpha per architecture, 95% t-interval over per-seed slopes),
+``tables/error_by_arch.csv`` (test error per architecture and size over seeds) and ``tables/orderings.csv`` (each
+ordering: a slope difference with its Welch 95% interval, or an error comparison per size, on the runs that did
+not stall at chance), and prints them as Markdown. alpha is given with and without the stalled runs.
+Architectures are named as the sweep's ``arch`` presets, from the run configs (``h<heads>_d<depth>`` for the
+ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering that lacks the seeds it
+needs says so instead of a number.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
+from analysis.fits import overfitting_regime
+
+PUBLISHED_ALPHA = -0.53  # both basic blocks on MNIST (4.2.1, fig. 12a)
+# (name, a, b, what the paper says): slope orderings test alpha(a) - alpha(b) < 0 (a steeper)
+SLOPES = [
+    ("depth steepens the slope (fig. 14a)", "h1_d3", "h1_d1"),
+    ("the (4, 3) ViT has a better slope than the CNN (fig. 15a)", "h4_d3", "cnn_w10"),
+    ("more heads: slope (fig. 13a)", "h4_d1", "h1_d1"),
+]
+# error orderings: a below b at every size
+ERRORS = [
+    ("the CNN is below the 1x1 ViT in error (fig. 12a)", "cnn_w10", "h1_d1"),
+    ("4 heads are below 1 head in error (fig. 13a)", "h4_d1", "h1_d1"),
+]
+
+
+def arch_of(row: pd.Series) -> str:
+    if str(row["model._target_"]).endswith("ViT"):
+        return f"h{int(row['model.heads'])}_d{int(row['model.depth'])}"
+    return f"cnn_w{int(row['model.width'])}"
+
+
+def error_comparison(runs: pd.DataFrame, a: str, b: str) -> tuple[str, str]:
+    """Per shared size: mean test error of a and b (%), and whether every seed of a is below every seed of b."""
+    cells, separated = [], []
+    sizes = set(runs.loc[runs.arch == a, "dataset.n_train"]) & set(runs.loc[runs.arch == b, "dataset.n_train"])
+    for n in sorted(sizes):
+        ea = runs.loc[(runs.arch == a) & (runs["dataset.n_train"] == n), "test_error"] * 100
+        eb = runs.loc[(runs.arch == b) & (runs["dataset.n_train"] == n), "test_error"] * 100
+        cells.append(f"n {n}: {ea.mean():.1f} vs {eb.mean():.1f} ({len(ea)}, {len(eb)} seeds)")
+        separated.append(ea.max() < eb.min())
+    if not cells:
+        return "no shared size", ""
+    held = sum(separated)
+    return "; ".join(cells), f"every seed of {a} below every seed of {b} at {held} of {len(separated)} sizes"
+
+
+def main(sweep_dir: str, out_dir: str) -> None:
+    runs = load_runs(sweep_dir)
+    runs = runs[runs["status"] == "completed"].copy()
+    runs["arch"] = runs.apply(arch_of, axis=1)
+    tables = Path(out_dir) / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+
+    err = runs.groupby(["arch", "dataset.n_train"])["test_error"].agg(["mean", "std", "count"]).reset_index()
+    err[["mean", "std"]] *= 100
+    err.to_csv(tables / "error_by_arch.csv", index=False)
+    wide = err.assign(cell=[f"{m:.1f} ± {s:.1f} ({c})" if c > 1 else f"{m:.1f} (1)"
+                            for m, s, c in zip(err["mean"], err["std"].fillna(0), err["count"], strict=True)])
+    print("Test error (%), mean ± std over seeds (number of seeds):\n")
+    wide = wide.pivot(index="arch", columns="dataset.n_train", values="cell").fillna("-").reset_index()
+    print(to_markdown(wide), "\n")
+
+    stalled = runs["stalled"].astype(bool)
+    n_runs = len(runs)
+    if stalled.any():
+        print("Stalled runs (train error at chance when the stop rule fired; results, shown both ways below):\n")
+        print(to_markdown(runs.loc[stalled, ["arch", "dataset.n_train", "seed", "epochs", "train_error",
+                                             "test_error", "best_test_error"]]), "\n")
+    cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "ci_method", "contains_published"]
+    frames = []
+    for runs_used, which in ((runs, "all completed runs"), (runs[~stalled], "without stalled runs")):
+        fits = fit_learning_curve(runs_used, by="arch", n_boot=0, errors="skip")
+        fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+        frames.append(fits[cols].assign(runs=which))
+    fits = pd.concat(frames, ignore_index=True)
+    fits.to_csv(tables / "alpha_by_arch.csv", index=False)
+    print("alpha per architecture (test error ~ n^alpha; 95% t-interval over per-seed slopes):\n")
+    print(to_markdown(fits.round(3)), "\n")
+    runs = runs[~stalled]  # the orderings below: without stalled runs (a run that never left chance is no point
+    # on a learning curve; the table above shows what they change)
+
+    rows = slope_rows(runs).to_dict("records")
+    for what, a, b in ERRORS:
+        cells, verdict = error_comparison(runs, a, b)
+        rows.append({"ordering": what, "test": f"test error of {a} vs {b} (%)", "result": cells, "holds": verdict})
+    table = pd.DataFrame(rows)
+    table.to_csv(tables / "orderings.csv", index=False)
+    print("Orderings:\n")
+    print(to_markdown(table))
+    print(f"\n{n_runs} completed runs ({int(stalled.sum())} stalled); architectures {sorted(runs.arch.unique())}; "
+          f"precision {runs['precision'].value_counts().to_dict()}; "
+          f"run wall time of the runs that left chance {np.sum(runs['wall_s']) / 60:.1f} min")
+
+
+def slope_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for what, a, b in SLOPES:
+        try:
+            d = slope_difference(runs, "arch", a, b)
+        except ValueError as e:
+            rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})", "result": f"n/a: {e}", "holds": ""})
+            continue
+        holds = "yes" if d["hi"] < 0 else ("no (reversed)" if d["lo"] > 0 else "not resolved (interval spans 0)")
+        rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})",
+                     "result": f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] ({d['alpha_a']:.3f} vs "
+                               f"{d['alpha_b']:.3f}; {d['n_a']} and {d['n_b']} seeds, "
+                               f"n {d['sizes'][0]}..{d['sizes'][-1]})",
+                     "holds": holds})
+    return pd.DataFrame(rows)
+
+
+def declared(sweep_dir: str) -> str:
+    """The declared analysis as Markdown (see the module docstring)."""
+    runs = load_runs(sweep_dir, optuna_state=False)
+    runs = runs[runs["status"] == "completed"].copy()
+    runs["arch"] = runs.apply(arch_of, axis=1)
+    kept, table = overfitting_regime(runs, by="arch")
+    ranges = (table.groupby("arch").apply(lambda g: ", ".join(str(n) for n in g.loc[g.in_range, "dataset.n_train"]),
+                                          include_groups=False).rename("sizes fitted").reset_index())
+    out = table[~table["in_range"]][["arch", "dataset.n_train", "runs", "max_train_error", "flagged"]]
+    fits = fit_learning_curve(kept, by="arch", n_boot=0, errors="skip")
+    fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
+    cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "x_min", "x_max", "contains_published"]
+    return "\n".join([
+        "# heads_depth: the declared fit range (issue 26)", "",
+        "Rule, declared before it was applied: the paper fits \"in the overfitting regime\" (4.2), the regime where",
+        "the model interpolates its training set (4.1). A size enters an architecture's fit only when every seed there",
+        "ended with train error <= 1% and none stalled or collapsed; the range runs from the largest size down to the",
+        "first that fails (`analysis.fits.overfitting_regime`; it reads train errors only). Regenerate:",
+        "`python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis "
+        "--declared`.", "",
+        "## Range per architecture", "", to_markdown(ranges), "",
+        "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",
+        "## alpha per architecture on the declared range (95% t-interval over per-seed slopes)", "",
+        to_markdown(fits[cols].round(3)), "",
+        "## Slope orderings on the declared range (Welch 95% interval of the difference)", "",
+        to_markdown(slope_rows(kept)), ""])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[3] == "--declared":
+        text = declared(sys.argv[1])
+        (Path(sys.argv[2]) / "declared.md").write_text(text)
+        print(text)
+    elif len(sys.argv) == 3:
+        main(sys.argv[1], sys.argv[2])
+    else:
+        sys.exit(__doc__)
