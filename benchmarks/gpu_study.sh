@@ -5,6 +5,7 @@
 #
 #   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh             # pilot, design rules, main
 #   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
+#   MODE=vit_main PROCS=16 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh  # the ViT double descent's main run
 #
 # DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
 # first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
@@ -52,6 +53,20 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then KI
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))"
 echo "cpus $(nproc)"
+
+if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared main run (scale cpu: 96 runs, 20% noise)
+  # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
+  # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it
+  step vit_main $(( $(left) - 30 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
+    "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
+  python3 -m analysis.design test "$W/vit_main" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
+    --out "$LOG/test_vit_main.md" >/dev/null 2>>"$LOG/plan.err"
+  ls "$W/vit_main"/*/summary.json 2>/dev/null | wc -l | xargs echo "vit_main summaries:"
+  tar -czf "$OUT/records_vit_main.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher vit_main 2>/dev/null
+  tar -czf "$OUT/logs.tar.gz" -C "$W" logs
+  echo "total $((SECONDS - T0)) s"
+  exit 0
+fi
 
 if [ "${MODE:-pilot}" = main ]; then  # the declared main run alone (scale main), both stop arms at once
   # an earlier call's committed records (paths relative to the repository): copied to $W/main with their paths
