@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lent-GPU call for the CIFAR-10 CNN double descent (issue 26): facts and the CUDA tests (gpu_session.sh's
+# One lent-GPU call for the CIFAR-10 CNN double descent: facts and the CUDA tests (gpu_session.sh's
 # `tests` step), the pilot, the design rules applied to it (analysis.design), then the main run's two stop arms at
 # what the rules chose, each step in a time box; records come back packed under $OUT.
 #

@@ -29,7 +29,7 @@ def _listing(folder):
 
 
 def test_the_cache_goes_to_vitsweep_cache_and_nothing_next_to_the_data(tmp_path, monkeypatch):
-    """Issue 19: the loader wrote .vitsweep-<name>-<hash>.pt (55-184 MB) into the user's dataset folder."""
+    """Defect: the loader wrote .vitsweep-<name>-<hash>.pt (55-184 MB) into the user's dataset folder."""
     path, x = _npz(tmp_path / "data")
     listing = _listing(tmp_path / "data")
     monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
@@ -92,7 +92,7 @@ print(load_arrays("cifar10", sys.argv[1])["x_train"].shape)
 
 
 def test_two_processes_building_one_cache_at_once_both_succeed(tmp_path):
-    """Issue 19: two launcher workers wrote the same temporary name; one rename then failed with FileNotFoundError
+    """Defect: two launcher workers wrote the same temporary name; one rename then failed with FileNotFoundError
     and the study lost a trial. Each builder now writes its own temporary file and renames it atomically."""
     path, _ = _npz(tmp_path / "data", n=20000, size=32)  # ~60 MB to save: the writes overlap
     env = {**os.environ, "VITSWEEP_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}

@@ -37,7 +37,7 @@ def _one_step(width: int, seed: int, x: torch.Tensor, y: torch.Tensor) -> tuple[
 
 
 def test_one_sgd_step_moves_the_logits_alike_at_every_cnn_width(capsys):
-    """Issue 19: dividing the lr by the width (PyTorch's standard parametrisation, where gradients do not shrink
+    """Defect: dividing the lr by the width (PyTorch's standard parametrisation, where gradients do not shrink
     with width) made the step 32x smaller at C1 = 32, and no wide CNN interpolated. The shipped SGD group must move
     the logits by a similar amount (max / min within 3x) from C1 = 1 to 32 (each width averaged over 3 inits)."""
     x, y = _mnist_shaped_batch()

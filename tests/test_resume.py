@@ -154,7 +154,7 @@ def test_a_crashed_run_resumes_exactly_and_a_finished_one_is_not_retrained(tiny_
     (["trainer.max_epochs=2", "trainer.max_steps=5"], ["trainer.max_epochs=2", "trainer.max_steps=7"]),  # unfinished
 ])
 def test_extending_a_cosine_run_is_refused_before_any_work(tiny_cfg, tmp_path, first, longer):
-    """Issue 19: raising max_epochs on a finished cosine run re-annealed the lr over the new horizon (per-epoch lr
+    """Defect: raising max_epochs on a finished cosine run re-annealed the lr over the new horizon (per-epoch lr
     1.7e-3, 1.5e-5, 5.2e-4, 4e-6) and nothing in its records said so. The lr path would no longer be the one its
     config describes, so the extension is refused and the message names the fixes."""
     train(tiny_cfg("trainer.checkpoint=true", "scheduler=cosine", *first), tmp_path)

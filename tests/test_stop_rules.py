@@ -104,7 +104,7 @@ def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog
 
 
 def test_a_run_stuck_at_chance_is_a_stalled_result_not_a_failure(tiny_cfg, tmp_path):
-    """Issue 19: a stalled run failed with a NaN objective, so it dropped out of every curve (biasing the
+    """Defect: a stalled run failed with a NaN objective, so it dropped out of every curve (biasing the
     under-parametrised end of a double-descent curve downwards) and counted against max_failure_rate. It is a
     result: completed, flagged ``stalled``, with its real objective."""
     # A frozen random model (lr 0) predicts near chance: its unchanging train error is no convergence.

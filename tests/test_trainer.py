@@ -67,7 +67,7 @@ CONVERGES_AT_EPOCH_3 = ("trainer.max_epochs=10", "trainer.max_steps=13", "traine
 
 
 def test_a_convergence_stop_under_an_annealed_lr_is_flagged(tiny_cfg, tmp_path, caplog):
-    """Issue 19: under a cosine whose horizon is the cap, "converged" can mean the lr annealed to ~0, not that the
+    """Defect: under a cosine whose horizon is the cap, "converged" can mean the lr annealed to ~0, not that the
     train error stopped moving. The summary records the lr of the last step and flags a stop below 10% of base."""
     summary = train(tiny_cfg(*CONVERGES_AT_EPOCH_3, "scheduler=cosine"), tmp_path)
     assert summary["stop_reason"] == "converged" and summary["steps"] == 12

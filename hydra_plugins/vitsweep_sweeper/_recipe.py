@@ -24,8 +24,8 @@ class RecipeChecks:
         some choices set, the contents of a config group a choice selects, and a fixed override of a key the
         presets set are all in it; without presets one config, named "". Version 1 (the storages in
         docs/studies/heads_depth/records/main and docs/studies/double_descent_cnn_cifar10/records/earlier_cpu hold
-        it): the shared config without every key any preset sets, so a change to such a key (e.g. heads_depth's optimizer.lr, which only the
-        CNN preset sets) went unnoticed; such a study keeps that check."""
+        it): the shared config without every key any preset sets, so a change to such a key (e.g. heads_depth's
+        optimizer.lr, which only the CNN preset sets) went unnoticed; such a study keeps that check."""
         sampled = set(self.space) | _trial_keys(trials or [])
         presets = {key: table for key, table in (self.presets or {}).items() if key not in self.fixed}
         if version == 1:

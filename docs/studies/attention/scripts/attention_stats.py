@@ -10,7 +10,8 @@ images, no training. Columns:
 - ink_share: share of the class-mean CLS attention on the quarter of patches with the most ink (0.25 = no
   preference), mean over classes.
 
-    python docs/studies/attention/scripts/attention_stats.py RUNS_DIR docs/studies/attention/analysis/attention_stats.csv
+    python docs/studies/attention/scripts/attention_stats.py RUNS_DIR \
+        docs/studies/attention/analysis/attention_stats.csv
 
 RUNS_DIR holds one folder per run (a run dir, or a link to one), named as the table's `run` column, each with the
 tool's attention/attention.npz.

@@ -1,6 +1,7 @@
 """The collapsed runs of a double-descent sweep, from their records: where each got to before it collapsed.
 
-    python docs/studies/double_descent_cnn_cifar10/scripts/collapses.py docs/studies/double_descent_cnn_cifar10/records/earlier_cpu \
+    python docs/studies/double_descent_cnn_cifar10/scripts/collapses.py \
+        docs/studies/double_descent_cnn_cifar10/records/earlier_cpu \
         docs/studies/double_descent_cnn_cifar10/records/earlier_cpu_threshold
 
 For every run `analysis.load` flags ``collapsed`` (train error ended 0.5 or more above the lowest it reached): the

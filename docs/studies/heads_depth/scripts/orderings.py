@@ -1,7 +1,9 @@
 """The published orderings of the learning-curve study (EPFL study 4.2), tested on heads_depth's runs.
 
-    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis/orderings
-    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis --declared
+    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main \
+        docs/studies/heads_depth/analysis/orderings
+    python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main \
+        docs/studies/heads_depth/analysis --declared
 
 The second form applies the declared fit-range rule (issue 26; ``analysis.fits.overfitting_regime``: a size enters
 an architecture's fit only when every seed there interpolated its training set, train error <= 1%, none stalled)
@@ -142,7 +144,8 @@ def declared(sweep_dir: str) -> str:
         "the model interpolates its training set (4.1). A size enters an architecture's fit only when every seed there",
         "ended with train error <= 1% and none stalled or collapsed; the range runs from the largest size down to the",
         "first that fails (`analysis.fits.overfitting_regime`; it reads train errors only). Regenerate:",
-        "`python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main docs/studies/heads_depth/analysis "
+        "`python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main "
+        "docs/studies/heads_depth/analysis "
         "--declared`.", "",
         "## Range per architecture", "", to_markdown(ranges), "",
         "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",

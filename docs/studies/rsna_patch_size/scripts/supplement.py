@@ -1,6 +1,6 @@
 """The binary-task scores the study file asks for, which `python -m analysis.report` does not tabulate.
 
-    python docs/studies/rsna_patch_size/scripts/supplement.py /work/runs/rsna_synth docs/studies/rsna_patch_size/analysis
+    python docs/studies/rsna_patch_size/scripts/supplement.py RUNS_DIR docs/studies/rsna_patch_size/analysis
 
 Writes synthetic_runs.csv and synthetic_runs.md (one row per run dir: the sweep objective val_auc, and
 test accuracy, ROC AUC, probabilistic F1, sensitivity and specificity at 0.5, wall time, throughput).
