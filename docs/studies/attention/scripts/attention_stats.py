@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 from src.attention.tool import attention_maps, first_per_class, load_model, load_test_split, normalise  # noqa: E402
 

@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 from src.models.vit import ViT  # noqa: E402
 from src.trainer import train  # noqa: E402

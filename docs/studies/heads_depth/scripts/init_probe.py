@@ -3,7 +3,7 @@ MLP 512, dropout 0.2) against a tutorial-style ViT of nn.TransformerEncoder (pre
 steps (lr 3e-4, weight decay 0.05, batch 128, constant lr) on 1024 MNIST training images, one thread. Prints
 the training loss every 50 steps.
 
-    python docs/studies/heads_depth/init_probe.py ref|plain|noinit|zerohead [lr] [seed]
+    python docs/studies/heads_depth/scripts/init_probe.py ref|plain|noinit|zerohead [lr] [seed]
 
 plain: vitsweep's ViT as configured (big_vision's initialisation: Xavier-uniform dense layers, LeCun-normal patch
 embedding); noinit: the same module with PyTorch's default initialisation; zerohead: plain with a zero head.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 from src.models.vit import ViT  # noqa: E402
 
@@ -51,12 +51,12 @@ def main() -> None:
     x = (torch.tensor(d["x_train"][idx], dtype=torch.float32).unsqueeze(1) / 255.0 - 0.1307) / 0.3081
     y = torch.tensor(d["y_train"][idx]).long()
     if which == "noinit":
-        ViT.init_weights = lambda self: None
+        ViT.init_weights = lambda self, *args, **kwargs: None
     if which == "zerohead":
         base = ViT.init_weights
 
-        def with_zero_head(self):
-            base(self)
+        def with_zero_head(self, *args, **kwargs):
+            base(self, *args, **kwargs)
             nn.init.zeros_(self.head.weight)
 
         ViT.init_weights = with_zero_head

@@ -1,7 +1,7 @@
 """One row per run of the heads_depth sweep (final train and test error, epochs, wall time) and the mean train
 error per (architecture, n_train): shows whether a run fitted its training set within the step budget.
 
-    python docs/studies/heads_depth/supplement.py /work/runs/heads_depth docs/studies/heads_depth
+    python docs/studies/heads_depth/scripts/supplement.py RUNS_DIR OUT_DIR
 """
 import sys
 from pathlib import Path
@@ -12,11 +12,17 @@ COLS = ["arch", "dataset.n_train", "seed", "status", "stop_reason", "precision",
         "train_loss", "train_error", "test_error", "wall_s"]
 
 
+def arch_of(row) -> str:
+    """The sweep's arch preset name, from the run's config, with its family: "h4_d3 (ViT)", "cnn_w10 (CNN)"."""
+    if str(row["model._target_"]).endswith("ViT"):
+        return f"h{int(row['model.heads'])}_d{int(row['model.depth'])} (ViT)"
+    return f"cnn_w{int(row['model.width'])} (CNN)"
+
+
 def main() -> None:
     sweep, out = sys.argv[1], Path(sys.argv[2])
     runs = load_runs(sweep)
-    runs["arch"] = runs["model._target_"].map({"src.models.vit.ViT": "h1_d1 (ViT)",
-                                               "src.models.cnn.WidthCNN": "cnn_w10 (CNN)"})
+    runs["arch"] = runs.apply(arch_of, axis=1)
     runs = runs.sort_values(["arch", "dataset.n_train", "seed"])[COLS]
     runs.to_csv(out / "runs.csv", index=False, float_format="%.4f")
     done = runs[runs.status == "completed"]

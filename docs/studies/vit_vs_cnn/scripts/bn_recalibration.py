@@ -1,8 +1,8 @@
 """Diagnostic for the cnn_vgg run of this study: its accuracy with the BatchNorm running statistics it was
-evaluated with, then with those statistics recomputed from its 1,000 training images (no gradient step, the
+evaluated with, then with those statistics recomputed from its training images (no gradient step, the
 weights are unchanged). Inference only, one thread.
 
-    python docs/studies/vit_vs_cnn/scripts/bn_recalibration.py /work/runs/vit_vs_cnn/0
+    python docs/studies/vit_vs_cnn/scripts/bn_recalibration.py RUN_DIR
 """
 import sys
 
@@ -14,7 +14,7 @@ from src.data import build_data
 torch.set_num_threads(1)
 ck = torch.load(f"{sys.argv[1]}/checkpoint.pt", weights_only=True, map_location="cpu")
 cfg = ck["config"]
-data = build_data(cfg["dataset"], seed=cfg["seed"])  # the run's own 1,000-image subset and test split
+data = build_data(cfg["dataset"], seed=cfg["seed"])  # the run's own training subset and test split
 model = instantiate(ck["model_cfg"])
 model.load_state_dict(ck["model"])
 mean = torch.tensor(data.mean).view(1, -1, 1, 1) * 255
@@ -46,4 +46,4 @@ for m in model.modules():
 model.train()
 for i in range(0, len(data.y_train), 125):  # the training batch size 128 would leave a short last batch
     forward(data.x_train[i:i + 125])
-report("BN statistics recomputed on the 1,000 training images (no augmentation)")
+report(f"BN statistics recomputed on the {len(data.y_train):,} training images (no augmentation)")
