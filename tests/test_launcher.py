@@ -130,7 +130,8 @@ def test_stack_auto_groups_members_on_cuda_only():
         plan_units(cfgs, "always", 16, "cuda", None)
 
 
-@pytest.mark.parametrize("n_procs", [1, 2])
+@pytest.mark.parametrize("n_procs", [pytest.param(1, marks=pytest.mark.slow), 2])  # the suite's time: the
+# default suite keeps the case where a surviving worker must go on
 def test_a_worker_that_dies_fails_its_jobs_with_a_clear_error(tmp_path, n_procs):
     """A job that kills its worker process (as the kernel's OOM killer would) fails, naming the cause; the
     jobs the dead worker took with it run again, so only the killer fails."""

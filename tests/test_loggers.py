@@ -157,7 +157,8 @@ def test_an_unwritable_tracker_warns_once_and_the_run_completes(tiny_cfg, tmp_pa
     assert any(w.startswith("logger=tensorboard: start failed") for w in warnings)
 
 
-@pytest.mark.parametrize("stack", ["always", "never"])
+@pytest.mark.parametrize("stack", [pytest.param("always", marks=pytest.mark.slow), "never"])  # the suite's
+# time: two worker processes starting at once on one new store is the case the default suite keeps
 def test_a_sweep_logs_each_trial_as_its_own_run(tmp_path, stack):
     """Two trials of a vitsweep study on the vectorized launcher, as one stacked model in one worker or in two worker
     processes starting at once (on one new SQLite store): one MLflow run per trial in the study's experiment,
