@@ -253,3 +253,40 @@ def test_stacked_members_return_what_a_single_run_returns(monkeypatch):
     assert rets[1].return_value == 0.2
     with pytest.raises(RuntimeError, match="planted"):
         rets[2].return_value  # noqa: B018
+
+
+_EXIT_PROBE = r'''
+import atexit, sys
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing as mp
+
+from hydra_plugins.vitsweep_launcher.pool import exit_without_teardown
+
+
+def job(path):
+    import logging
+    logging.basicConfig(filename=path + ".log", level=logging.INFO)
+    atexit.register(lambda: open(path, "w").write("flushed"))  # as a tracker's exit handler would
+    logging.getLogger("job").info("last line")
+    sys.stdout.write("unflushed")  # no newline, no flush: the exit must flush it
+    return 1
+
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=exit_without_teardown) as pool:
+        assert pool.submit(job, sys.argv[1]).result() == 1
+'''
+
+
+def test_a_worker_skips_the_interpreters_teardown_but_runs_every_exit_handler(tmp_path):
+    """Workers end with os._exit after the other exit handlers (the launching process waits for them at the end
+    of every grid, and a torch process's teardown takes about 0.85 s): what a job's exit handlers write, its
+    logging and its unflushed output must still reach disk."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(_EXIT_PROBE)
+    out = subprocess.run([sys.executable, str(probe), str(tmp_path / "mark")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "mark").read_text() == "flushed"
+    assert "last line" in (tmp_path / "mark.log").read_text()
+    assert "unflushed" in out.stdout
