@@ -349,3 +349,29 @@ def test_a_retry_left_running_on_another_host_is_retried_again_when_a_command_st
     assert study.trials[foreign.number].state == TrialState.FAIL
     (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == foreign.number]
     assert retry.state == TrialState.COMPLETE and retry.params == point and retry.user_attrs["retries"] == 1
+
+
+@pytest.mark.parametrize("where", ["_init_alembic", "_init_version_info_model"])
+def test_two_workers_creating_one_new_storage_at_once_both_open_it(tmp_path, monkeypatch, where):
+    """Optuna creates a new storage's tables and version rows unguarded, so of two sweeper workers starting on a
+    new SQLite file at once one failed with "UNIQUE constraint failed: alembic_version.version_num" (seen in a CI
+    run of the SIGKILL test above). Here the other worker wins the race once: opening must still succeed."""
+    import sqlalchemy.exc
+    from optuna.storages._rdb import storage as rdb
+
+    from hydra_plugins.vitsweep_sweeper.storage import open_storage
+
+    original = getattr(rdb._VersionManager, where)
+    lost = []
+
+    def racing(self):
+        if not lost:
+            lost.append(1)
+            original(self)  # the other worker's insert commits first
+            raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version ...", {},
+                                                Exception("UNIQUE constraint failed: alembic_version.version_num"))
+        return original(self)
+
+    monkeypatch.setattr(rdb._VersionManager, where, racing)
+    storage = open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert lost and optuna.create_study(storage=storage, study_name="s").study_name == "s"

@@ -10,6 +10,7 @@ import fcntl
 import importlib
 import importlib.util
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,13 +90,39 @@ def open_storage(url: str, existing: bool = False) -> optuna.storages.BaseStorag
             engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
         elif url.startswith(("postgresql", "mysql")):
             engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
-        )
+        return _rdb_storage(url, engine_kwargs, existing)
     except Exception as e:  # noqa: BLE001 - any driver error means the same thing to the user
         if str(e).startswith("hydra.sweeper.storage"):  # our own message (a missing driver) as it is
             raise
         raise ValueError(f"hydra.sweeper.storage: cannot open {safe(url)!r}: {type(e).__name__}: {e}") from e
+
+
+CREATE_TRIES = 5
+
+
+def _rdb_storage(url: str, engine_kwargs: dict[str, Any], existing: bool) -> optuna.storages.RDBStorage:
+    """An RDBStorage whose creation survives workers starting on a new storage at once. Optuna creates the tables
+    and inserts the version rows without a guard, so the second of two processes can fail with an IntegrityError
+    (UNIQUE constraint on alembic_version) or "table already exists". SQLite: the workers of one machine take the
+    claim flock beside the file while creating; any database: a creation that lost the race is retried, and then
+    finds what the other process committed."""
+    import sqlalchemy.exc
+
+    local = sqlite_path(url)
+    guard = local is not None and not existing and Path(local).parent.is_dir()
+    for attempt in range(CREATE_TRIES):
+        try:
+            with _flock(f"{local}.claim") if guard else contextlib.nullcontext():
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
+                )
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
+            raced = isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in str(e)
+            if existing or not raced or attempt == CREATE_TRIES - 1:
+                raise
+            log.info(f"storage creation raced another worker ({type(e).__name__}); opening it again")
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
