@@ -10,7 +10,7 @@ TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install demo test test-all bench reports clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,37 @@ test-all: install
 
 bench: install
 	$(PY) benchmarks/throughput.py
+
+# every study analysis that regenerates from its committed records (docs/studies/README.md; tests/test_design.py and
+# tests/test_study_scripts.py check that the tables come back byte for byte)
+S := docs/studies
+reports: install
+	$(PY) -m analysis.report $(S)/heads_depth/records/main --out $(S)/heads_depth/analysis
+	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/main $(S)/heads_depth/analysis/orderings \
+		> $(S)/heads_depth/analysis/orderings/orderings.md
+	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/main $(S)/heads_depth/analysis --declared \
+		> /dev/null
+	$(PY) -m analysis.report $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
+		--out $(S)/double_descent_cnn/analysis
+	$(PY) -m analysis.design plan $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/pilot_plan.md
+	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
+		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_test.md
+	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --out $(S)/double_descent_vit/analysis/pilot_plan.md
+	$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/earlier_cpu \
+		$(S)/double_descent_cnn_cifar10/records/earlier_cpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/earlier_cpu
+	$(PY) -m analysis.design plan $(S)/double_descent_cnn_cifar10/records/pilot_gpu \
+		$(S)/double_descent_cnn_cifar10/records/pilot_gpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/pilot_plan.md
+	for arm in main main_fixed; do \
+		$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/$$arm --out $(S)/double_descent_cnn_cifar10/analysis/$$arm; \
+		for c in critical:declared_test threshold:sensitivity_threshold; do \
+			$(PY) -m analysis.design test $(S)/double_descent_cnn_cifar10/records/$$arm --center $${c%%:*} \
+				--pilot $(S)/double_descent_cnn_cifar10/records/pilot_gpu $(S)/double_descent_cnn_cifar10/records/pilot_gpu_threshold \
+				--out $(S)/double_descent_cnn_cifar10/analysis/$$arm/$${c#*:}.md > /dev/null; \
+		done; \
+	done
+	$(PY) $(S)/attention/scripts/declared_test.py $(S)/attention/analysis/seeds/attention_stats.csv \
+		$(S)/attention/analysis/seeds/declared_test.md > /dev/null
+	git status --short $(S)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

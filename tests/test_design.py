@@ -257,15 +257,21 @@ def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, 
     assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
 
 
-@pytest.mark.parametrize("arm", ["main", "main_fixed"])
-@pytest.mark.parametrize("center, name", [("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md")])
-def test_the_cifar10_declared_test_regenerates_from_its_committed_records(arm, center, name, tmp_path):
-    """The verdict the report states, from the main run's records and the pilot's spread (the declared power)."""
-    cifar = STUDIES / "double_descent_cnn_cifar10"
-    out = tmp_path / name
-    design.main(["test", str(cifar / "records" / arm), "--pilot", str(cifar / "records" / "pilot_gpu"),
-                 str(cifar / "records" / "pilot_gpu_threshold"), "--center", center, "--out", str(out)])
-    assert out.read_text() == (cifar / "analysis" / arm / name).read_text()
+DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/)
+    *[("double_descent_cnn_cifar10", [f"records/{arm}"], ["records/pilot_gpu", "records/pilot_gpu_threshold"], c,
+       f"{arm}/{name}") for arm in ("main", "main_fixed")
+      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
+    ("double_descent_cnn", ["records/main", "records/main_seed6"], ["records/pilot_gpu"], "critical", "main_test.md")]
+
+
+@pytest.mark.parametrize("study, main, pilot, center, name", DECLARED_TESTS)
+def test_each_declared_test_regenerates_from_its_committed_records(study, main, pilot, center, name, tmp_path):
+    """The verdict a report states, from the main run's records and the pilot's spread (the declared power)."""
+    root = STUDIES / study
+    out = tmp_path / "test.md"
+    design.main(["test", *[str(root / d) for d in main], "--pilot", *[str(root / d) for d in pilot],
+                 "--center", center, "--out", str(out)])
+    assert out.read_text() == (root / "analysis" / name).read_text()
 
 
 def test_every_file_under_committed_records_is_tracked_by_git():
