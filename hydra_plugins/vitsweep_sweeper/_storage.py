@@ -110,19 +110,22 @@ def _rdb_storage(url: str, engine_kwargs: dict[str, Any], existing: bool) -> opt
 
     local = sqlite_path(url)
     guard = local is not None and not existing and Path(local).parent.is_dir()
-    for attempt in range(CREATE_TRIES):
+
+    def create() -> optuna.storages.RDBStorage:
+        with _flock(f"{local}.claim") if guard else contextlib.nullcontext():
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
+            )
+
+    for attempt in range(CREATE_TRIES - 1):
         try:
-            with _flock(f"{local}.claim") if guard else contextlib.nullcontext():
-                return optuna.storages.RDBStorage(
-                    url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
-                )
+            return create()
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
-            raced = isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in str(e)
-            if existing or not raced or attempt == CREATE_TRIES - 1:
+            if existing or not (isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in str(e)):
                 raise
             log.info(f"storage creation raced another worker ({type(e).__name__}); opening it again")
             time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return create()  # the last try: its error, if any, is the user's
 
 
 @contextlib.contextmanager
