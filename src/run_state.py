@@ -12,7 +12,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,13 +74,21 @@ def step_seconds(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor,
 
 
 def measure_precision(model: torch.nn.Module, image_shape: tuple[int, ...], num_classes: int,
-                      batch_size: int, channels_last: bool = False) -> tuple[str, dict[str, float]]:
+                      batch_size: int, channels_last: bool = False,
+                      prepare: Callable[[torch.nn.Module, str], Any] | None = None
+                      ) -> tuple[str, dict[str, float]] | tuple[str, dict[str, float], dict[str, Any]]:
     """``auto`` on a CPU with native bf16: time a training step's forward + backward of this model at this
     batch size in fp32 and in bf16, and take bf16 only where it is at least ``BF16_MARGIN`` times faster (on
     one AVX512-BF16 CPU bf16 was 2.1x faster for the C1 = 32 CNN and slower at C1 <= 8; on another, 1.6x
     slower for the dim 64, depth 3 ViT). The probe trains a copy on a synthetic batch (in the memory format the
     run trains in) and restores the global random state, so the run it chooses for is the run it would be
-    without it. Returns the choice and the median seconds per pass of each."""
+    without it. Returns the choice and the median seconds per pass of each.
+
+    ``prepare(copy, precision)``, where given, readies the probe's copy for that precision before it is timed and
+    its return value is returned per precision as a third item: ``setup`` passes the attention probe, so that each
+    precision is timed with the attention path ``model.attention=auto`` would pick under it (timed with the
+    model's default path instead, bf16 lost by 2x where the CPU flash kernel is slow in bf16 and won by 1.7x with
+    the explicit path: the double-descent ViT, docs/benchmarks/README.md)."""
     rng = torch.get_rng_state()
     try:
         probe = copy.deepcopy(model).train()
@@ -89,14 +97,19 @@ def measure_precision(model: torch.nn.Module, image_shape: tuple[int, ...], num_
         xb = xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
         yb = torch.randint(0, num_classes, (batch_size,), generator=g)
         cpu = torch.device("cpu")
-        seconds = {p: step_seconds(probe, xb, yb, autocast_for(cpu, p)) for p in ("fp32", "bf16")}
+        seconds, prepared = {}, {}
+        for p in ("fp32", "bf16"):
+            if prepare is not None:
+                prepared[p] = prepare(probe, p)
+            seconds[p] = step_seconds(probe, xb, yb, autocast_for(cpu, p))
     finally:
         torch.set_rng_state(rng)
-    return ("bf16" if seconds["fp32"] >= BF16_MARGIN * seconds["bf16"] else "fp32"), seconds
+    chosen = "bf16" if seconds["fp32"] >= BF16_MARGIN * seconds["bf16"] else "fp32"
+    return (chosen, seconds, prepared) if prepare is not None else (chosen, seconds)
 
 
 def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.device,
-                      precision: str) -> dict[str, Any]:
+                      precision: str, context: str = "") -> dict[str, Any]:
     """``model.attention``: resolve ``auto`` by measurement (``src.models.attention_probe``) and log the choice.
     Returns the summary's facts: ``attention`` (the path) and, for ``auto``, the probe's seconds and reason."""
     if not hasattr(model, "attention_path"):
@@ -107,7 +120,7 @@ def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.dev
 
     path, seconds, reason = choose_attention(model, batch_size, autocast_for(device, precision), precision == "bf16")
     model.set_attention_path(path)
-    log.info("attention auto: %s (%s)", path, reason)
+    log.info("attention auto%s: %s (%s)", context, path, reason)
     return {"attention": path, "attention_probe_s": seconds, "attention_reason": reason}
 
 
@@ -316,13 +329,23 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     model, model_cfg = build_model(cfg["model"], data)
     channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    probe = None
+    batch, probe, attention = min(int(t["batch_size"]), len(data.y_train)), None, None
     if t["precision"] == "auto" and precision == "bf16" and device.type == "cpu":
-        precision, probe = measure_precision(model, tuple(data.image_shape), data.num_classes,
-                                             min(int(t["batch_size"]), len(data.y_train)), channels_last)
-        log.info("precision auto: %s (forward + backward %.1f ms in fp32, %.1f ms in bf16)", precision,
-                 1e3 * probe["fp32"], 1e3 * probe["bf16"])
-    attention = resolve_attention(model, min(int(t["batch_size"]), len(data.y_train)), device, precision)
+        # with model.attention=auto the two are chosen together: each precision timed with its own best path
+        pick = ((lambda m, p: resolve_attention(m, batch, device, p, f" under {p}"))
+                if getattr(model, "attention", None) == "auto" else None)
+        precision, probe, *paths = measure_precision(model, tuple(data.image_shape), data.num_classes, batch,
+                                                     channels_last, pick)
+        paths = paths[0] if paths else {}
+        with_path = {p: f" with {f['attention']} attention" for p, f in paths.items()}
+        log.info("precision auto: %s (forward + backward %.1f ms in fp32%s, %.1f ms in bf16%s)", precision,
+                 1e3 * probe["fp32"], with_path.get("fp32", ""), 1e3 * probe["bf16"], with_path.get("bf16", ""))
+        if paths:
+            attention = paths[precision] | {"precision_probe_attention": {p: f["attention"] for p, f in paths.items()}}
+            model.set_attention_path(attention["attention"])
+            log.info("attention auto: %s (chosen with precision %s)", attention["attention"], precision)
+    if attention is None:
+        attention = resolve_attention(model, batch, device, precision)
     optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)

@@ -70,6 +70,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def check_config(cfg: Mapping[str, Any]) -> torch.device:
     """Validate the composed config; returns the training device."""
     t, d = cfg["trainer"], cfg["dataset"]
+    _check_study_found(cfg)
     _check_removed_keys(cfg)
     p = cfg["label_noise"]["p"]
     if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
@@ -98,6 +99,18 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
         raise ValueError("trainer.precision=fp16 needs CUDA (it uses a gradient scaler): "
                          "use trainer.precision=bf16 on CPU")
     return device
+
+
+def _check_study_found(cfg: Mapping[str, Any]) -> None:
+    """A study file Hydra found merges into the config and leaves no ``sweeps`` key; one it did not find (no
+    ``--config-dir .``, or another working folder) stays a plain value and the run would train the defaults."""
+    if "sweeps" in cfg:
+        study = cfg["sweeps"]
+        raise ValueError(
+            f"sweeps={study} is a plain value in this config: Hydra found no study file sweeps/{study}.yaml, so "
+            f"+sweeps={study} would train the defaults instead of the study's recipe. Fix: run from the "
+            f"repository root with the study folder on Hydra's path (python -m src.train --config-dir . "
+            f"+sweeps={study} ...), or python -m src.sweep {study} ...")
 
 
 def _check_removed_keys(cfg: Mapping[str, Any]) -> None:

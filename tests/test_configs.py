@@ -73,3 +73,15 @@ def test_unknown_option_lists_the_valid_ones():
 
     with pytest.raises(ConfigCompositionException, match="Available options"):
         compose_cfg(["model=transformer"])
+
+
+def test_a_study_file_hydra_did_not_find_fails_before_training(tiny_cfg):
+    """``+sweeps=<study>`` without ``--config-dir .`` (or from another folder): Hydra finds no ``sweeps`` group and
+    adds ``sweeps: <study>`` as a plain value, so the run trained the defaults (the digits ViT) under the study's
+    name without a word. Found running ``python -m src.train +sweeps=double_descent_vit dataset.root=...mnist.npz``."""
+    from src.validate import check_config
+
+    cfg = tiny_cfg("+sweeps=double_descent_vit")
+    assert cfg.sweeps == "double_descent_vit" and cfg.dataset.name == "digits"  # what Hydra made of it
+    with pytest.raises(ValueError, match=r"(?s)sweeps=double_descent_vit.*--config-dir \. \+sweeps=double_descent_vit"):
+        check_config(cfg)

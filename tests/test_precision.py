@@ -72,3 +72,26 @@ def test_the_real_probe_times_both_and_leaves_the_model_untouched():
     assert all(p.grad is None for p in model.parameters())
     for a, b in zip(before, model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_auto_times_each_precision_with_the_attention_path_auto_picks_for_it(tiny_cfg, bf16_cpu, monkeypatch):
+    """With ``model.attention=auto`` the two choices are made together: each precision is timed with the
+    attention path that precision's own probe picks. Measured on an AVX512-BF16 EPYC (the double-descent ViT,
+    dim 32, 4 heads of 8, 65 tokens, one thread): bf16 with sdpa was 2x slower than fp32, so ``auto`` kept
+    fp32, while bf16 with the explicit path was 1.7x faster than fp32 (docs/benchmarks/README.md)."""
+    import src.models.attention_probe as probe
+
+    def choose(model, batch, autocast, bf16):  # the CPU flash kernel is slow in bf16 at this shape
+        return ("explicit", {}, "fake") if bf16 else ("sdpa", {}, "fake")
+
+    def step_seconds(model, xb, yb, autocast):
+        bf16, path = not isinstance(autocast, contextlib.nullcontext), model.attention_path()
+        return {(False, "sdpa"): 1.0, (True, "sdpa"): 2.0, (True, "explicit"): 0.5}.get((bf16, path), 9.0)
+
+    monkeypatch.setattr(probe, "choose_attention", choose)
+    monkeypatch.setattr(run_state, "step_seconds", step_seconds)
+    state = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
+    assert state.info["precision"] == "bf16"
+    assert state.info["precision_probe_s"] == {"fp32": 1.0, "bf16": 0.5}
+    assert state.info["attention"] == "explicit" and state.model.attention_path() == "explicit"
+    assert state.info["precision_probe_attention"] == {"fp32": "sdpa", "bf16": "explicit"}
