@@ -203,9 +203,13 @@ def compose(args, n_train: int | None = None) -> dict:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    over = [f"model={args.model}", f"trainer.batch_size={args.batch}", f"optimizer.lr={args.lr}",
-            f"trainer.device={args.device}", f"seed={args.seed}", f"trainer.num_threads={args.threads or 'null'}"]
     extra = list(getattr(args, "override", None) or [])  # step_profile.py's --override (Hydra overrides)
+    study = any(o.startswith("+sweeps") for o in extra)
+    # a named study brings its own model group (a command-line model=... would replace it: the double-descent
+    # ViT's vit_epfl, dropout 0, became the default vit with dropout 0.2)
+    over = [] if study and not any(o.startswith("model=") for o in extra) else [f"model={args.model}"]
+    over += [f"trainer.batch_size={args.batch}", f"optimizer.lr={args.lr}",
+             f"trainer.device={args.device}", f"seed={args.seed}", f"trainer.num_threads={args.threads or 'null'}"]
     if any(o.startswith(("dataset=", "+sweeps=")) for o in extra):
         pass  # the caller names the dataset (or a study that does)
     elif args.npz:
@@ -214,7 +218,7 @@ def compose(args, n_train: int | None = None) -> dict:
             over.append(f"dataset.n_train={n_train}")
     else:
         over += ["dataset=synthetic", f"dataset.num_train={n_train or args.synthetic_n}", "dataset.num_test=256"]
-    if any(o.startswith("+sweeps") for o in extra):  # the sweep files live at the repository root
+    if study:  # the sweep files live at the repository root
         over.append(f"hydra.searchpath=[file://{ROOT}]")
     over += extra
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
