@@ -70,6 +70,9 @@ reports: install
 	done
 	$(PY) $(S)/attention/scripts/declared_test.py $(S)/attention/analysis/seeds/attention_stats.csv \
 		$(S)/attention/analysis/seeds/declared_test.md > /dev/null
+	for s in patch_size:rerun vit_vs_cnn:rerun tune_vit:rerun_median tune_vit:rerun_none; do \
+		$(PY) -m analysis.report $(S)/$${s%%:*}/records/$${s#*:} --out $(S)/$${s%%:*}/analysis/$${s#*:}; \
+	done
 	git status --short $(S)
 
 clean:

@@ -244,7 +244,9 @@ def test_every_study_folder_has_the_one_shape():
     ("double_descent_cnn_cifar10", ["records/earlier_cpu", "records/earlier_cpu_threshold"], "earlier_cpu"),
     ("double_descent_cnn_cifar10", ["records/main"], "main"),
     ("double_descent_cnn_cifar10", ["records/main_fixed"], "main_fixed"),
-    ("double_descent_cnn", ["records/main", "records/main_seed6"], "")])
+    ("double_descent_cnn", ["records/main", "records/main_seed6"], ""),
+    *[(study, [f"records/{run}"], run) for study, run in (("patch_size", "rerun"), ("vit_vs_cnn", "rerun"),
+                                                          ("tune_vit", "rerun_median"), ("tune_vit", "rerun_none"))]])
 def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, tmp_path, monkeypatch):
     """The report's tables (Markdown and CSV; figures aside) come back the same from the committed records."""
     from analysis.report import make_report
