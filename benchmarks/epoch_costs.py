@@ -2,6 +2,7 @@
 
     python benchmarks/epoch_costs.py --study double_descent_cnn --model cnn --width 4 --root ../shared/data/mnist.npz
     python benchmarks/epoch_costs.py --study double_descent_vit --model vit --dim 32 --root ../shared/data/mnist.npz
+    python benchmarks/epoch_costs.py --study double_descent_vit --model vit --dim 32 --override trainer.precision=fp32
 
 One run of the study's recipe (``python -m src.train +sweeps=STUDY``, its own process, as a sweep runs it) at
 ``--n-train`` images for ``--epochs`` epochs; its ``metrics.jsonl`` gives each epoch's wall time and training
@@ -34,7 +35,8 @@ def run_epochs(args, size: list[str], run_dir: Path) -> tuple[list[dict], dict]:
     cmd = [sys.executable, "-m", "src.train", "--config-dir", str(ROOT), f"+sweeps={args.study}", *size,
            f"dataset.root={Path(args.root).resolve()}", f"dataset.n_train={args.n_train}",
            f"trainer.max_epochs={args.epochs}", "trainer.converge_epochs=null", "trainer.progress=false",
-           "trainer.checkpoint=false", f"trainer.num_threads={args.threads}", f"hydra.run.dir={run_dir}"]
+           "trainer.checkpoint=false", f"trainer.num_threads={args.threads}", f"hydra.run.dir={run_dir}",
+           *args.override]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return rows, json.loads((run_dir / "summary.json").read_text())
@@ -50,11 +52,13 @@ def main(argv=None) -> None:
     p.add_argument("--n-train", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--threads", type=int, default=1, help="torch threads (a sweep worker's share of the cores)")
+    p.add_argument("--override", action="append", default=[], help="a Hydra override of the run (repeatable), "
+                   "e.g. trainer.precision=fp32")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     size = [f"model.width={args.width}"] if args.width else []
     size += [f"model.dim={args.dim}", f"model.mlp_dim={2 * args.dim}"] if args.dim else []
-    label = f"{args.study} {' '.join(size)}"
+    label = f"{args.study} {' '.join(size + args.override)}"
     with tempfile.TemporaryDirectory() as tmp:
         rows, summary = run_epochs(args, size, Path(tmp) / "run")
     epochs = [r for r in rows if "images_per_s" in r]

@@ -22,6 +22,7 @@ import torch
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from src import probe_cache
 from src.data import DataSplits, build_data
 from src.data.loader import Loader, fits_on_device
 from src.label_noise import apply_label_noise
@@ -109,19 +110,28 @@ def measure_precision(model: torch.nn.Module, image_shape: tuple[int, ...], num_
 
 
 def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.device,
-                      precision: str, context: str = "") -> dict[str, Any]:
+                      precision: str, context: str = "", shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``model.attention``: resolve ``auto`` by measurement (``src.models.attention_probe``) and log the choice.
-    Returns the summary's facts: ``attention`` (the path) and, for ``auto``, the probe's seconds and reason."""
+    Returns the summary's facts: ``attention`` (the path) and, for ``auto``, the probe's seconds and reason.
+    With ``shape`` (what the model is: its config and input), this machine's earlier measurement of that shape is
+    reused (``src.probe_cache``; ``attention_probe_cached`` names its file)."""
     if not hasattr(model, "attention_path"):
         return {}
     if model.attention != "auto":
         return {"attention": model.attention_path()}
     from src.models.attention_probe import choose_attention
 
-    path, seconds, reason = choose_attention(model, batch_size, autocast_for(device, precision), precision == "bf16")
-    model.set_attention_path(path)
-    log.info("attention auto%s: %s (%s)", context, path, reason)
-    return {"attention": path, "attention_probe_s": seconds, "attention_reason": reason}
+    def measure() -> dict[str, Any]:
+        path, seconds, reason = choose_attention(model, batch_size, autocast_for(device, precision),
+                                                 precision == "bf16")
+        return {"attention": path, "attention_probe_s": seconds, "attention_reason": reason}
+
+    key = {"shape": dict(shape), "batch": batch_size, "device": device.type, "precision": precision}
+    facts, source = probe_cache.cached("attention", key, device, measure) if shape is not None else (measure(), None)
+    model.set_attention_path(facts["attention"])
+    kept = f"; kept from {source}" if source else ""
+    log.info("attention auto%s: %s (%s%s)", context, facts["attention"], facts["attention_reason"], kept)
+    return facts | ({"attention_probe_cached": str(source)} if source else {})
 
 
 def setup_device(device: torch.device, t: Mapping[str, Any]) -> None:
@@ -329,23 +339,34 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     model, model_cfg = build_model(cfg["model"], data)
     channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    batch, probe, attention = min(int(t["batch_size"]), len(data.y_train)), None, None
+    batch, probe, attention, probe_from = min(int(t["batch_size"]), len(data.y_train)), None, None, None
+    # what the start-up probes time, so this machine's earlier measurement of the same shape is reused
+    shape = {"model": model_cfg, "image_shape": list(data.image_shape), "classes": data.num_classes,
+             "channels_last": channels_last}
     if t["precision"] == "auto" and precision == "bf16" and device.type == "cpu":
         # with model.attention=auto the two are chosen together: each precision timed with its own best path
-        pick = ((lambda m, p: resolve_attention(m, batch, device, p, f" under {p}"))
+        pick = ((lambda m, p: resolve_attention(m, batch, device, p, f" under {p}", shape))
                 if getattr(model, "attention", None) == "auto" else None)
-        precision, probe, *paths = measure_precision(model, tuple(data.image_shape), data.num_classes, batch,
-                                                     channels_last, pick)
-        paths = paths[0] if paths else {}
+
+        def measure() -> dict[str, Any]:
+            chosen, seconds, *prepared = measure_precision(model, tuple(data.image_shape), data.num_classes, batch,
+                                                           channels_last, pick)
+            return {"precision": chosen, "seconds": seconds, "attention": prepared[0] if prepared else {}}
+
+        found, source = probe_cache.cached("precision", shape | {"batch": batch}, device, measure)
+        precision, probe, paths = found["precision"], found["seconds"], found["attention"]
         with_path = {p: f" with {f['attention']} attention" for p, f in paths.items()}
-        log.info("precision auto: %s (forward + backward %.1f ms in fp32%s, %.1f ms in bf16%s)", precision,
-                 1e3 * probe["fp32"], with_path.get("fp32", ""), 1e3 * probe["bf16"], with_path.get("bf16", ""))
+        log.info("precision auto: %s (forward + backward %.1f ms in fp32%s, %.1f ms in bf16%s%s)", precision,
+                 1e3 * probe["fp32"], with_path.get("fp32", ""), 1e3 * probe["bf16"], with_path.get("bf16", ""),
+                 f"; kept from {source}" if source else "")
+        if source:
+            probe_from = str(source)
         if paths:
             attention = paths[precision] | {"precision_probe_attention": {p: f["attention"] for p, f in paths.items()}}
             model.set_attention_path(attention["attention"])
             log.info("attention auto: %s (chosen with precision %s)", attention["attention"], precision)
     if attention is None:
-        attention = resolve_attention(model, batch, device, precision)
+        attention = resolve_attention(model, batch, device, precision, shape=shape)
     optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)
@@ -364,5 +385,6 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
         train_eval_clean=clean, schedule=schedule, rules=StopRules.from_config(t, chance),
         recorder=RunRecorder(run_dir) if run_dir is not None else None, objective_name=objective,
         info=_summary_info(cfg, data, flipped, params, device, precision, objective, chance, run_dir)
-        | ({"precision_probe_s": probe} if probe else {}) | attention,
+        | ({"precision_probe_s": probe} if probe else {})
+        | ({"precision_probe_cached": probe_from} if probe_from else {}) | attention,
         class_weights=data.class_weights.to(device) if data.class_weights is not None else None)

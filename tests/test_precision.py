@@ -22,6 +22,12 @@ def fake_timing(fp32_s: float, bf16_s: float):
     return step_seconds
 
 
+@pytest.fixture(autouse=True)
+def fresh_probe_cache(monkeypatch, tmp_path):
+    """Each test measures on its own "machine": an empty probe cache (src.probe_cache)."""
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def bf16_cpu(monkeypatch):
     """This CPU as one with native bf16, whatever it is (``auto`` then probes)."""
@@ -57,6 +63,7 @@ def test_a_resumed_run_keeps_the_precision_auto_chose_at_its_start(tiny_cfg, bf1
     saved = first.state_dict()
     assert saved["precision"] == "bf16"
     monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))  # the machine now favours fp32
+    monkeypatch.setenv("VITSWEEP_PROBE_CACHE", "off")  # and measures again
     again = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
     assert again.info["precision"] == "fp32"
     again.load_state_dict(saved)
@@ -95,3 +102,35 @@ def test_auto_times_each_precision_with_the_attention_path_auto_picks_for_it(tin
     assert state.info["precision_probe_s"] == {"fp32": 1.0, "bf16": 0.5}
     assert state.info["attention"] == "explicit" and state.model.attention_path() == "explicit"
     assert state.info["precision_probe_attention"] == {"fp32": "sdpa", "bf16": "explicit"}
+
+
+def test_later_runs_of_one_shape_on_this_machine_take_the_first_measurement(tiny_cfg, bf16_cpu, monkeypatch,
+                                                                             tmp_path):
+    """Two runs of one config, minutes apart, timed close options the other way round and trained different numbers
+    (the tune_vit rerun: sdpa 74.9 against explicit 78.8 ms, then explicit 68.4 against sdpa 83.3 ms). The first
+    run's measurement is kept per machine and shape; another shape, or VITSWEEP_PROBE_CACHE=off, measures."""
+    import src.models.attention_probe as probe
+
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(2.0, 1.0))
+    monkeypatch.setattr(probe, "choose_attention", lambda model, batch, autocast, bf16: ("explicit", {}, "fake"))
+    first = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
+    assert (first.info["precision"], first.info["attention"]) == ("bf16", "explicit")
+    assert "precision_probe_cached" not in first.info
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "probes").glob("*.json")) == [
+        "attention", "attention", "precision"]  # the attention probe under each precision, and the joint choice
+
+    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))  # the timings now favour the others
+    monkeypatch.setattr(probe, "choose_attention", lambda model, batch, autocast, bf16: ("sdpa", {}, "fake"))
+    again = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
+    assert (again.info["precision"], again.info["attention"]) == ("bf16", "explicit")
+    assert again.model.attention_path() == "explicit"
+    assert again.info["precision_probe_cached"].startswith(str(tmp_path / "cache" / "probes"))
+    fixed = setup(tiny_cfg("model.attention=auto", "trainer.precision=fp32"), None)  # fp32's path, timed in the first
+    assert fixed.info["attention"] == "explicit" and fixed.info["attention_probe_cached"]
+    batch = setup(tiny_cfg("model.attention=auto", "trainer.precision=fp32", "trainer.batch_size=40"), None)
+    assert batch.info["attention"] == "sdpa" and "attention_probe_cached" not in batch.info
+
+    other = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto", "model.dim=24"), None)
+    assert (other.info["precision"], other.info["attention"]) == ("fp32", "sdpa")
+    monkeypatch.setenv("VITSWEEP_PROBE_CACHE", "off")
+    assert setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None).info["precision"] == "fp32"
