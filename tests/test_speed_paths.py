@@ -283,6 +283,38 @@ def test_attention_paths_agree_forward_and_backward(precision, tol, lean):
             assert (a - b).abs().max() <= tol * scale * 4, path
 
 
+def test_explicit_evaluation_under_bf16_takes_the_softmax_in_bf16_and_agrees_with_sdpa():
+    """The explicit path's evaluation under bf16 autocast runs softmax on the bf16 scores, as the lean training path
+    does, not on an fp32 copy of the (B, heads, T, T) matrix (that copy and its conversion back made bf16 evaluation
+    of the double-descent ViT 3x slower per image than its training forward); the maps (return_attn) stay fp32."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SoftmaxDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten._softmax, torch.ops.aten.softmax):
+                self.seen.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = ViT(16, 3, 10, patch=4, dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0).eval()
+    x = torch.randn(6, 3, 16, 16)
+    out = {}
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        for path in ("sdpa", "explicit"):
+            model.set_attention_path(path)
+            with SoftmaxDtypes() as mode:
+                out[path] = model(x).float()
+            if path == "explicit":
+                assert mode.seen and set(mode.seen) == {torch.bfloat16}
+        _, attn = model.blocks[0].attn(model.blocks[0].norm1(torch.randn(2, 17, 32)), return_attn=True)
+    assert attn.dtype == torch.float32
+    assert torch.allclose(out["explicit"], out["sdpa"], atol=3e-2, rtol=3e-2)
+
+
 def test_attention_auto_takes_the_measured_fastest_and_keeps_sdpa_on_near_ties(monkeypatch):
     from src.models import attention_probe
 

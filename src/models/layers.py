@@ -129,8 +129,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = self.split_heads(self.qkv(x))  # each (B, heads, T, head_dim)
         if return_attn or under_torch_func(q) or self.path == "explicit":  # SDPA has no vmap batching rule
-            attn = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).float().softmax(dim=-1)  # (B, heads, T, T)
-            return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn if return_attn else None
+            scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, heads, T, T)
+            if return_attn:  # the maps: probabilities in fp32
+                attn = scores.float().softmax(dim=-1)
+                return self.merge_heads(self.attn_drop(attn.to(v.dtype)) @ v), attn
+            # softmax in the scores' dtype (the kernel accumulates bf16 in fp32), as the lean training path does: an
+            # fp32 copy of the (B, heads, T, T) scores and its conversion back made bf16 evaluation of the
+            # double-descent ViT 3x slower per image than its training forward (docs/benchmarks/README.md)
+            return self.merge_heads(self.attn_drop(scores.softmax(dim=-1).to(v.dtype)) @ v), None
         p = self.attn_dropout if self.training else 0.0
         return self.merge_heads(sdpa(q, k, v, p, self.path)), None
 
