@@ -375,3 +375,17 @@ def test_two_workers_creating_one_new_storage_at_once_both_open_it(tmp_path, mon
     monkeypatch.setattr(rdb._VersionManager, where, racing)
     storage = open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
     assert lost and optuna.create_study(storage=storage, study_name="s").study_name == "s"
+
+
+def test_a_second_command_on_a_grid_the_first_claimed_whole_says_why_it_waits(tmp_path):
+    """A second process on a study whose budget the first process claimed as one batch (hydra.sweeper.n_jobs = the
+    grid: the double-descent sweep files do this) gets no trial. It waited in silence (found starting a second
+    sweeper for the ViT double descent); it says so now, with the fix, and ends when the first has finished."""
+    args = [*GRID, "sleep_s=0.6", "hydra.sweeper.n_trials=6", "hydra.sweeper.n_jobs=6", *LIVENESS]
+    first = start(tmp_path, *args)
+    wait_for(lambda: load(tmp_path).get_trials(states=(TrialState.RUNNING,)), what="the first batch", proc=first)
+    second = sweep(tmp_path, *args)
+    first.communicate(timeout=120)
+    out = second.stdout + second.stderr
+    assert "claimed by other workers" in out and "hydra.sweeper.n_jobs" in out, out[-2000:]
+    assert_each_point_once(load(tmp_path))

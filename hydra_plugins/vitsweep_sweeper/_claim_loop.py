@@ -36,6 +36,7 @@ class ClaimLoop:
         stop = StopSignal()
         numbered = hasattr(self.launcher, "job_numbers")  # a launcher that runs a batch under given job numbers
         orphan_exit_s = max(self.grace_s, 30.0)  # an orphaned worker's time to hand its trials back
+        said_waiting = False  # said once, and only by a worker that found nothing to claim from its start
         with liveness.Heartbeat(self.storage, self.heartbeat_s, orphan_exit_s) as beat, stop.installed():
             while not self._check_failures(study, final=False):
                 stop.check()
@@ -50,9 +51,16 @@ class ClaimLoop:
                     trials, jobs = claim
                     overrides = [self._configure(t) for t in trials]
                 if not trials:  # the budget is claimed, other workers' trials run: wait, one of them may die
+                    if not said_waiting:
+                        said_waiting = True
+                        log.info("every trial of the budget is claimed by other workers' batches (up to "
+                                 f"hydra.sweeper.n_jobs={self.n_jobs} trials each): this worker waits, and takes over "
+                                 "the trials of any worker that stops answering. To share the budget between "
+                                 "processes, give the first a smaller hydra.sweeper.n_jobs")
                     time.sleep(poll_s)
                     progress.poll()
                     continue
+                said_waiting = True  # it claimed trials: later waits are a sweep's ordinary tail
                 beat.trial_ids = [studies.trial_id(t) for t in trials]
                 told = Teller(self, study, dict(zip(jobs, trials, strict=True)), beat, progress, stop)
                 if numbered:
