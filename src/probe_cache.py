@@ -65,7 +65,8 @@ def _locked(path: Path) -> Iterator[None]:
 def cached(kind: str, key: Mapping[str, Any], device: torch.device,
            measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Path | None]:
     """``measure()``'s answer for ``key`` on this machine: the stored one if this machine measured it before,
-    else measured now and stored. Returns the answer and the file it was read from (None when measured now)."""
+    else measured now and stored. Returns the answer and the file it was read from, relative to the cache dir (a
+    run's records name no machine path), or None when measured now."""
     if not enabled():
         return measure(), None
     full = {"kind": kind, **machine(device), **key}
@@ -77,7 +78,7 @@ def cached(kind: str, key: Mapping[str, Any], device: torch.device,
         with contextlib.suppress(OSError, ValueError, KeyError):
             saved = json.loads(path.read_text())
             if saved["key"] == json.loads(json.dumps(full, default=str)):
-                return saved["value"], path
+                return saved["value"], path.relative_to(cache_dir())
         value = measure()
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"key": full, "value": value, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")},
