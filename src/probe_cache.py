@@ -20,12 +20,13 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hydra_plugins.vitsweep_sweeper.protocol import file_lock
 from src.data.sources import cache_dir
 
 ENV = "VITSWEEP_PROBE_CACHE"
@@ -47,21 +48,6 @@ def machine(device: torch.device) -> dict[str, Any]:
     return {"cpu": cpu, "gpu": gpu, "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # no POSIX locks (Windows): concurrent measurements may both write; the last one stays
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def cached(kind: str, key: Mapping[str, Any], device: torch.device,
            measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Path | None]:
     """``measure()``'s answer for ``key`` on this machine: the stored one if this machine measured it before,
@@ -74,7 +60,7 @@ def cached(kind: str, key: Mapping[str, Any], device: torch.device,
     folder = cache_dir() / "probes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}-{digest}.json"
-    with _locked(folder / f"{kind}-{digest}.lock"):
+    with file_lock(folder / f"{kind}-{digest}.lock"):
         with contextlib.suppress(OSError, ValueError, KeyError):
             saved = json.loads(path.read_text())
             if saved["key"] == json.loads(json.dumps(full, default=str)):

@@ -1,16 +1,18 @@
 """The trial/storage protocol's implementation; import it as ``hydra_plugins.vitsweep_sweeper.protocol``."""
 
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "env_overrides",
-           "flatten_config", "implied_direction", "job_exception", "make_reporter", "open_existing_storage",
-           "open_storage", "runtime_keys", "stacker", "trial_of_env", "trial_of_hydra", "trial_of_run_dir"]
+           "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
+           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "trial_of_env", "trial_of_hydra",
+           "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
@@ -188,3 +190,21 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
     a, b = flatten_config(saved), flatten_config(current)
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(a.keys() | b.keys())
             if not any(k == r or k.startswith(r + ".") for r in skip) and a.get(k) != b.get(k)]
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """An exclusive POSIX lock on ``path`` (created if absent) for the block: processes on one machine take turns
+    (the sweeper's storage creation and claims, the trainer's start-up probe cache). Without ``fcntl`` (Windows)
+    the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -6,7 +6,6 @@ before any trial, naming the extra to install.
 """
 
 import contextlib
-import fcntl
 import importlib
 import importlib.util
 import logging
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
+from . import _protocol as protocol
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def _rdb_storage(url: str, engine_kwargs: dict[str, Any], existing: bool) -> opt
     guard = local is not None and not existing and Path(local).parent.is_dir()
 
     def create() -> optuna.storages.RDBStorage:
-        with _flock(f"{local}.claim") if guard else contextlib.nullcontext():
+        with protocol.file_lock(f"{local}.claim") if guard else contextlib.nullcontext():
             return optuna.storages.RDBStorage(
                 url, engine_kwargs=engine_kwargs, skip_compatibility_check=existing, skip_table_creation=existing
             )
@@ -129,16 +130,6 @@ def _rdb_storage(url: str, engine_kwargs: dict[str, Any], existing: bool) -> opt
 
 
 @contextlib.contextmanager
-def _flock(path: str) -> Iterator[None]:
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def claim_lock(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> Iterator[None]:
     """Serialise "reap, count the budget, then ask" across workers so a study never overshoots n_trials.
 
@@ -149,7 +140,7 @@ def claim_lock(url: str, storage: optuna.storages.BaseStorage, study_id: int) ->
     url = normalize(url)
     local = sqlite_path(url) or journal_path(url)
     if local is not None:
-        with _flock(f"{local}.claim"):
+        with protocol.file_lock(f"{local}.claim"):
             yield
         return
     engine = getattr(storage, "engine", None)
