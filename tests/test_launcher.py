@@ -197,19 +197,25 @@ def test_killing_the_launching_process_stops_its_workers_after_they_save(tmp_pat
 
 
 @pytest.mark.faults
-def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path):
+@pytest.mark.parametrize("gpus, mark", [([], b"forkserver"), (["0"], b"spawn_main")], ids=["cpu-forkserver", "spawn"])
+def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path, gpus, mark):
     """Found by CI: a pool worker still starting (spawn: importing) when its launching process was
     killed took the process it was re-parented to for its parent, so it never saw its parent gone and lived on
-    as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever)."""
+    as an orphan (holding the sweep's output pipe: the killed sweep's caller waited for ever). A CPU pool's
+    workers fork from a fork server: it, and they, must end too."""
+    import multiprocessing as mp
+
     from tests.helpers import run_marked, wait_until_gone
 
+    if mark == b"forkserver" and "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no forkserver start method on this platform")
     marked = run_marked("import os, types\n"
                         "from hydra_plugins.vitsweep_launcher import pool\n"
                         "launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)\n"
-                        f"ex = pool._pool(launcher, 1, 1, [], {str(tmp_path)!r})\n"
-                        "ex.submit(os.getpid)\n"  # spawns the worker; the launching process dies before it is up
+                        f"ex = pool._pool(launcher, 1, 1, {gpus!r}, {str(tmp_path)!r})\n"
+                        "ex.submit(os.getpid)\n"  # starts the worker; the launching process dies before it is up
                         "os._exit(9)\n")
-    assert marked(b"spawn_main"), "the launching process died before it started a worker"
+    assert marked(mark), "the launching process died before it started a worker"
     wait_until_gone(marked, "the orphaned worker (and the resource tracker) to stop")
 
 
@@ -256,11 +262,9 @@ def test_stacked_members_return_what_a_single_run_returns(monkeypatch):
 
 
 _EXIT_PROBE = r'''
-import atexit, sys
-from concurrent.futures import ProcessPoolExecutor
-import multiprocessing as mp
+import atexit, os, sys, types
 
-from hydra_plugins.vitsweep_launcher.pool import exit_without_teardown
+from hydra_plugins.vitsweep_launcher import pool
 
 
 def job(path):
@@ -269,24 +273,34 @@ def job(path):
     atexit.register(lambda: open(path, "w").write("flushed"))  # as a tracker's exit handler would
     logging.getLogger("job").info("last line")
     sys.stdout.write("unflushed")  # no newline, no flush: the exit must flush it
-    return 1
+    return os.getpid()
 
 
 if __name__ == "__main__":
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=exit_without_teardown) as pool:
-        assert pool.submit(job, sys.argv[1]).result() == 1
+    launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)
+    ex = pool._pool(launcher, 1, 1, [] if sys.argv[2] == "cpu" else ["0"], os.path.dirname(sys.argv[1]))
+    pid = ex.submit(job, sys.argv[1]).result()
+    ex.shutdown()
+    print(pid)
 '''
 
 
-def test_a_worker_skips_the_interpreters_teardown_but_runs_every_exit_handler(tmp_path):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_worker_skips_the_interpreters_teardown_but_runs_every_exit_handler(tmp_path, monkeypatch, method):
     """Workers end with os._exit after the other exit handlers (the launching process waits for them at the end
     of every grid, and a torch process's teardown takes about 0.85 s): what a job's exit handlers write, its
-    logging and its unflushed output must still reach disk."""
+    logging and its unflushed output must still reach disk. Found switching CPU pools to a fork server: a forked
+    worker ends with os._exit straight after its last task, and ran no exit handler at all."""
+    import multiprocessing as mp
+
+    if method not in mp.get_all_start_methods():
+        pytest.skip(f"no {method} start method on this platform")
     probe = tmp_path / "probe.py"
     probe.write_text(_EXIT_PROBE)
-    out = subprocess.run([sys.executable, str(probe), str(tmp_path / "mark")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, str(probe), str(tmp_path / "mark"), "cpu" if method == "forkserver"
+                          else "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "mark").read_text() == "flushed"
     assert "last line" in (tmp_path / "mark.log").read_text()
-    assert "unflushed" in out.stdout
+    assert "unflushed" in (tmp_path / "worker-0.log").read_text()

@@ -21,6 +21,10 @@ class VectorizedLauncherConf:
     # always = wherever the model can stack, never = one job at a time.
     stack: str = "auto"
     max_members: int = 16  # most jobs trained as one stacked model
+    # How CPU workers start: auto = forked from a fork server that imports torch once (where the platform has
+    # one; spawn elsewhere), forkserver, or spawn (each worker a fresh interpreter: for a library that is not
+    # safe to fork). Workers on CUDA are always spawned.
+    start_method: str = "auto"
 
 
 def register() -> None:

@@ -5,6 +5,7 @@ launches jobs through it. Keys are checked here, when Hydra builds the launcher,
 """
 
 import logging
+import multiprocessing
 import os
 import signal
 import time
@@ -18,11 +19,13 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 STACK_MODES = ("auto", "always", "never")
+START_METHODS = ("auto", "forkserver", "spawn")
 log = logging.getLogger(__name__)
 
 
 class VectorizedLauncher(Launcher):
-    def __init__(self, n_procs: int | None = None, stack: str = "auto", max_members: int = 16) -> None:
+    def __init__(self, n_procs: int | None = None, stack: str = "auto", max_members: int = 16,
+                 start_method: str = "auto") -> None:
         if n_procs is not None and (not isinstance(n_procs, int) or n_procs < 1):
             raise ValueError(f"hydra.launcher.n_procs={n_procs!r} must be an integer >= 1, or null for one "
                              "worker per CPU core (per GPU on CUDA)")
@@ -31,7 +34,13 @@ class VectorizedLauncher(Launcher):
         if not isinstance(max_members, int) or max_members < 1:
             raise ValueError(f"hydra.launcher.max_members={max_members!r} must be an integer >= 1 "
                              "(1 turns stacking off)")
+        if start_method not in START_METHODS:
+            raise ValueError(f"hydra.launcher.start_method={start_method!r} must be one of {', '.join(START_METHODS)}")
+        if start_method == "forkserver" and "forkserver" not in multiprocessing.get_all_start_methods():
+            raise ValueError("hydra.launcher.start_method=forkserver: this platform has no fork server; "
+                             "use auto or spawn")
         self.n_procs, self.stack, self.max_members = n_procs, stack, max_members
+        self.start_method = start_method
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None

@@ -1,17 +1,20 @@
-"""The vectorized launcher's pool: worker processes (spawn context) that pull units of work as they free
-up. A unit is one job (run through Hydra's ``run_job``, as the basic launcher does) or a group of jobs
-trained as one stacked model (by the app's stacker: ``protocol.declare_app(stacker=...)``, vitsweep's
-``src.stacked``). Each worker writes everything it prints to
+"""The vectorized launcher's pool: worker processes that pull units of work as they free up (on CPU, forked
+from a fork server that has imported torch once; on CUDA, spawned). A unit is one job (run through Hydra's
+``run_job``, as the basic launcher does) or a group of jobs trained as one stacked model (by the app's stacker:
+``protocol.declare_app(stacker=...)``, vitsweep's ``src.stacked``). Each worker writes everything it prints to
 ``<sweep dir>/.launcher/worker-<k>.log``; the launching process prints one line per finished run.
 """
 
+import atexit
 import importlib
 import logging
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -26,7 +29,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.vitsweep_sweeper import protocol
-from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent
+from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent, watch_process
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
 log = logging.getLogger(__name__)
@@ -105,12 +108,12 @@ class JobConfigs:
 
 
 def prestart(launcher: Any) -> None:
-    """Start a CPU pool's workers at the launcher's set-up, one per core (or ``n_procs``, if fewer), each
-    importing torch and ``torch._dynamo`` (which ``torch.optim`` loads at the first optimizer: 1.6 s on a
-    2-core CPU) while the launching process is still composing. Measured on an 18-job grid of 2-second jobs
-    (docs/benchmarks/README.md): those imports kept both cores idle for seconds at the start. A batch smaller
-    than the pool uses the pool as it is, its jobs with the threads of the cores they may use. CUDA pools
-    start at ``launch``, once the stacking plan fixes their size."""
+    """Start a CPU pool's workers at the launcher's set-up, one per core (or ``n_procs``, if fewer), while the
+    launching process is still composing. They fork from a fork server that imports torch and ``torch._dynamo``
+    (which ``torch.optim`` loads at the first optimizer) once: spawned, each worker imported both itself, 2.3 s
+    of CPU a worker, with the launching process competing for the same 2 cores (docs/benchmarks/README.md, the
+    launcher's efficiency). A batch smaller than the pool uses the pool as it is, its jobs with the threads of
+    the cores they may use. CUDA pools start at ``launch``, once the stacking plan fixes their size."""
     config = launcher.config
     if launcher.stack == "always" or _job_gpus(config):
         return
@@ -118,12 +121,37 @@ def prestart(launcher: Any) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     n_procs = min(launcher.n_procs or _cpu_count(), _cpu_count())  # more than the cores only if a batch needs them
     pool = _pool(launcher, n_procs, max(1, _cpu_count() // n_procs), [], str(log_dir))
-    for _ in range(n_procs):  # a spawn pool starts one process per task it cannot hand to an idle one
-        pool.submit(_warm)
+
+    def start() -> None:  # a pool starts one process per task it cannot hand to an idle one
+        try:
+            for _ in range(n_procs):
+                pool.submit(_warm)
+        except RuntimeError:  # the launch replaced this pool (a larger batch) before its workers were up
+            pass
+
+    # in a thread: a forked worker's start waits for the fork server's imports (about 2 s), and the launching
+    # process composes the jobs meanwhile (in line, a sweeper's 4 jobs took 4 s longer on a loaded 2-core CPU)
+    threading.Thread(target=start, name="vitsweep-pool-start", daemon=True).start()
 
 
 def _warm() -> None:
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo  # noqa: F401  (a spawned worker's import; a forked one has it from the fork server)
+
+
+# what a CPU pool's fork server imports once for all its workers (a module that fails to import is skipped)
+FORK_SERVER_PRELOAD = ["torch", "torch._dynamo", "hydra.core.utils", "omegaconf", "cloudpickle",
+                       "hydra_plugins.vitsweep_launcher.fork_server"]
+
+
+def start_method(gpus: list[str], requested: str = "auto") -> str:
+    """How a pool's workers start (``hydra.launcher.start_method``): on CPU, ``auto`` is ``forkserver`` where
+    the platform has it; on CUDA always ``spawn`` (a process that forks after CUDA is initialised cannot use it,
+    and the launching process may have initialised it)."""
+    if gpus:
+        return "spawn"
+    if requested == "auto":
+        return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    return requested
 
 
 def _drop(launcher: Any) -> None:
@@ -156,13 +184,16 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
         return old[2]
     if old is not None:
         old[2].shutdown()
-    ctx = mp.get_context("spawn")
+    method = start_method(gpus, getattr(launcher, "start_method", "auto"))
+    ctx = mp.get_context(method)
+    if method == "forkserver":  # takes effect when this process starts its fork server (at its first pool)
+        ctx.set_forkserver_preload(FORK_SERVER_PRELOAD)
     slots = ctx.Queue()
     for k in range(n_procs):
         slots.put(k)
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
-                               initargs=(os.getpid(), slots, payload, threads, gpus, log_dir,
+                               initargs=(os.getpid(), method, slots, payload, threads, gpus, log_dir,
                                          -(-n_procs // max(1, len(gpus)))))
     launcher.pool = (key, n_procs, pool)
     return pool
@@ -281,11 +312,18 @@ def _orphaned() -> None:
     _WORKER["orphaned"] = True  # no further job starts (the pool may have queued some)
 
 
-def _init_worker(parent: int, slots: Any, payload: bytes, threads: int, gpus: list[str], log_dir: str,
-                 share: int) -> None:
+def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: int, gpus: list[str],
+                 log_dir: str, share: int) -> None:
     exit_without_teardown()
-    # time for the job to save; a worker still alive then (no job ran, or it hung) is ended
-    watch_parent(parent, grace_s=300.0, on_gone=_orphaned)
+    if method == "forkserver":
+        # a forked worker ends with os._exit after its last task, skipping exit handlers: run them then, as a
+        # spawned worker's interpreter does at its exit (a job's tracker flushes there), the lowest-priority
+        # finalizer of the process's end (``multiprocessing.util._exit_function``)
+        mp_util.Finalize(None, atexit._run_exitfuncs, exitpriority=-(2**31))
+    # time for the job to save; a worker still alive then (no job ran, or it hung) is ended. A forked worker's
+    # parent is the fork server, which lives as long as any worker does (each holds its pipe): it watches the
+    # launching process itself
+    (watch_process if method == "forkserver" else watch_parent)(parent, grace_s=300.0, on_gone=_orphaned)
     slot = slots.get()
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]

@@ -6,6 +6,7 @@ standard library, so any of them may import it.
 
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -27,9 +28,50 @@ def watch_parent(parent: int, grace_s: float | None = None, on_gone: Callable[[]
     re-parented already, so its own ``os.getppid()`` would name the new parent and never change.
     """
 
-    def watch() -> None:
+    def wait() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+
+    return _watch(wait, parent, grace_s, on_gone, name)
+
+
+def watch_process(pid: int, grace_s: float | None = None, on_gone: Callable[[], None] | None = None,
+                  poll_s: float = 1.0, name: str = "vitsweep-parent-watch") -> threading.Thread:
+    """``watch_parent`` for a process that started this one through another (a fork server's children): waits
+    until process ``pid`` has ended (a zombie counts as ended), on a pidfd where Linux has one, else by polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3), or no such process (gone already)
+        fd = None
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the process has ended
+            return
+        while alive(pid):
+            time.sleep(poll_s)
+
+    return _watch(wait, pid, grace_s, on_gone, name)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _watch(wait: Callable[[], None], parent: int, grace_s: float | None, on_gone: Callable[[], None] | None,
+           name: str) -> threading.Thread:
+    def watch() -> None:
+        wait()
         if on_gone is not None:
             on_gone()
         if grace_s is not None:
