@@ -26,7 +26,8 @@ def app(tmp_path, *overrides, check=True):
 
 @pytest.mark.parametrize("kwargs, key", [({"n_procs": 0}, "hydra.launcher.n_procs=0"),
                                          ({"max_members": 0}, "hydra.launcher.max_members=0"),
-                                         ({"stack": "sometimes"}, "hydra.launcher.stack='sometimes'")])
+                                         ({"stack": "sometimes"}, "hydra.launcher.stack='sometimes'"),
+                                         ({"start_method": "fork"}, "hydra.launcher.start_method='fork'")])
 def test_bad_keys_fail_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace("[", r"\[")):
         VectorizedLauncher(**kwargs)
