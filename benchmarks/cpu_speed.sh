@@ -19,10 +19,11 @@ git log -1 --format='# code: %h %s' | cut -c1-150
 
 vit() {  # the default ViT: profile of the step, after (this checkout) and before ($BEFORE)
   $PY benchmarks/step_profile.py --steps 10 --profile-steps 3 --out "$OUT" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGet"
-  if [ -n "$BEFORE" ]; then
-    cp benchmarks/step_profile.py "$BEFORE/benchmarks/"
+  if [ -n "$BEFORE" ]; then  # this checkout's profiler (and the helpers it imports) on the older code
+    cp benchmarks/step_profile.py benchmarks/throughput.py "$BEFORE/benchmarks/"
     (cd "$BEFORE" && $PY benchmarks/step_profile.py --steps 10 --profile-steps 3 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGet") \
       | tee "$OUT/vit_cpu_before.md"
+    git -C "$BEFORE" checkout -q -- benchmarks  # the older checkout's own throughput.py for its comparison below
   fi
 }
 
