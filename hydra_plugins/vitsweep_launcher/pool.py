@@ -145,8 +145,8 @@ FORK_SERVER_PRELOAD = ["torch", "torch._dynamo", "hydra.core.utils", "omegaconf"
 
 def start_method(gpus: list[str], requested: str = "auto") -> str:
     """How a pool's workers start (``hydra.launcher.start_method``): on CPU, ``auto`` is ``forkserver`` where
-    the platform has it; on CUDA always ``spawn`` (a process that forks after CUDA is initialised cannot use it,
-    and the launching process may have initialised it)."""
+    the platform has it. CUDA pools keep ``spawn``: the fork server was measured on CPU only, and a worker forked
+    after torch's import sets its ``CUDA_VISIBLE_DEVICES`` in a process no GPU test has run."""
     if gpus:
         return "spawn"
     if requested == "auto":
