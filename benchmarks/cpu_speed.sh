@@ -14,6 +14,10 @@ PY=${PY:-python}
 MNIST=${MNIST:-../shared/data/mnist.npz}
 BEFORE=${BEFORE:-}
 mkdir -p "$OUT"
+# measure the precision and attention probes afresh: a machine's probe cache (src/probe_cache.py) keeps the first
+# measurement of a shape, which may have been taken under load (the 2026-11-26 20:10 and 20:20 runs printed a cached
+# probe: explicit 742 ms against sdpa 940 ms a block, measured while another process trained on the same cores)
+export VITSWEEP_PROBE_CACHE=off
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC') | $(lscpu | sed -n 's/^Model name: *//p') | family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p') | $(nproc) cores | $(grep -o -w -m1 avx512_bf16 /proc/cpuinfo || echo 'no avx512_bf16') | load $(cut -d' ' -f1-3 /proc/loadavg)"
 git log -1 --format='# code: %h %s' | cut -c1-150
 
