@@ -215,8 +215,11 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path, 
                         "launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)\n"
                         f"ex = pool._pool(launcher, 1, 1, {gpus!r}, {str(tmp_path)!r})\n"
                         "ex.submit(os.getpid)\n"  # starts the worker; the launching process dies before it is up
+                        "assert ex._processes, 'no worker started'\n"
                         "os._exit(9)\n")
-    assert marked(mark), "the launching process died before it started a worker"
+    # a spawned worker is still importing here; a forked one may already have seen its launching process gone and
+    # ended (with the fork server), so only its start is checked (above)
+    assert mark == b"forkserver" or marked(mark), "the launching process died before it started a worker"
     wait_until_gone(marked, "the orphaned worker (and the resource tracker) to stop")
 
 
