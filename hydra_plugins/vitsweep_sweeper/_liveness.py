@@ -19,7 +19,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of, study_id, study_storage, trial_id
-from .parent_watch import watch_parent
+from .parent_watch import alive, watch_parent
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "VITSWEEP_PARENT_PID"  # set for worker processes: the sweep's main process
@@ -74,16 +74,6 @@ class Heartbeat:
                         log.debug(f"heartbeat of trial id {trial_id}: {e}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Reaper:
     """Fails the RUNNING trials of dead workers and enqueues their retries; call it under the claim lock."""
 
@@ -100,7 +90,7 @@ class Reaper:
         if owner == self.me:  # a process that is only starting holds no trial: its pid was reused
             return f"worker {owner} stopped answering (its process is gone)" if starting else None
         host, _, pid = owner.rpartition(":")
-        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        if host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
             return f"worker {owner} stopped answering (its process is gone)"
         beat, now = t.system_attrs.get(HEARTBEAT_ATTR), time.monotonic()
         last = self.seen.get(trial_id(t))
