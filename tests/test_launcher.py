@@ -54,7 +54,12 @@ def test_basic_sweeper_gets_returns_in_job_order_and_a_failed_job_raises(tmp_pat
         overrides = (tmp_path / str(k) / ".hydra" / "overrides.yaml").read_text()
         assert f"x={k // 2 + 1}" in overrides and f"fail={'True' if k % 2 else 'False'}" in overrides
         assert (tmp_path / str(k) / "summary.json").is_file() == (k % 2 == 0)
-    assert len(list((tmp_path / ".launcher").glob("worker-*.log"))) == 6
+    # the pool starts a worker for each job it cannot hand to an idle one: a job this short may end before the
+    # last submit, and its worker takes the next (CI, loaded: 5 workers for 6 jobs). Each line names a worker
+    # that has its own log, and no more than 6 started
+    logs = {p.name for p in (tmp_path / ".launcher").glob("worker-*.log")}
+    named = {"worker-" + line.split("(worker ")[1].split(")")[0] + ".log" for line in lines}
+    assert named <= logs and logs <= {f"worker-{k}.log" for k in range(6)}, (named, logs)
 
 
 def test_more_processes_than_jobs_uses_fewer(tmp_path):
