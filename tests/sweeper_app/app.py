@@ -26,6 +26,8 @@ from hydra_plugins.vitsweep_sweeper.protocol import current_trial, make_reporter
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if os.environ.get("SWEEPER_APP_EXIT_PROBE"):  # what a job leaves for its process's exit (test_launcher.py)
+        exit_probe(run_dir)
     if cfg.fail:
         raise RuntimeError("planted failure")
     if os.environ.get("SWEEPER_APP_INTERRUPT"):  # an event from outside (SIGTERM), not part of the study's recipe
@@ -63,6 +65,27 @@ def main(cfg: DictConfig):
     if cfg.objectives == 2:
         return final, (cfg.x - 2) ** 2 + (cfg.y - 2) ** 2
     return final
+
+
+def exit_probe(run_dir: Path) -> None:
+    """An exit handler, as a tracker's that syncs at exit: it writes a file, logs a record that only logging's
+    shutdown writes (a buffering handler that does not propagate) and prints with no newline and no flush. Hydra
+    flushes the logs and streams after each job; only the worker's own exit can flush what its handlers leave."""
+    import atexit
+    import logging
+    import logging.handlers
+
+    logger = logging.getLogger(f"probe.{run_dir.name}")
+    logger.propagate = False
+    logger.addHandler(logging.handlers.MemoryHandler(1000, flushLevel=logging.CRITICAL + 1,
+                                                     target=logging.FileHandler(run_dir / "probe.log")))
+
+    def at_exit() -> None:
+        (run_dir / "exit_handler").write_text("ran")
+        logger.warning(f"logged at exit by {run_dir.name}")
+        sys.stdout.write(f"printed at exit by {run_dir.name}")
+
+    atexit.register(at_exit)
 
 
 if __name__ == "__main__":
