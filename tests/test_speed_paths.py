@@ -55,6 +55,24 @@ def test_dropout_keep_rate_and_scale():
     assert torch.equal(x.grad, y.detach())  # gradient = mask / (1 - p)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
+def test_every_16_bit_lane_of_a_draw_keeps_at_the_rate(p):
+    """Each 64-bit draw gives the masks of four neighbouring elements; every lane must keep 1 - p of them (the
+    top lane of ``random_()``'s int64 draws, in [0, 2**63), holds 15 random bits only)."""
+    torch.manual_seed(0)
+    lanes = dropout_keep(torch.empty(4 * 400_000), p).view(-1, 4).float().mean(0)
+    assert torch.allclose(lanes, torch.full((4,), 1 - p), atol=0.004), lanes
+
+
+def test_dropout_mask_product_is_the_float_masks():
+    """The mask is read as uint8 in the product (a vectorized conversion): the same values as the float mask's."""
+    from src.models.layers import keep_scaled
+
+    x = torch.randn(3, 7, 65, dtype=torch.bfloat16)
+    keep = dropout_keep(x, 0.3)
+    assert torch.equal(keep_scaled(x, keep, 1 / 0.7), x * keep.to(x.dtype) * (1 / 0.7))
+
+
 def test_dropout_is_seeded_identity_in_eval_and_keeps_dtype():
     x = torch.randn(4096)
     torch.manual_seed(1)
