@@ -49,6 +49,13 @@ def _ref_drop_attention(q, k, v, p):
     return _ref_dropout(probs, p) @ v
 
 
+def _ref_qkv_attention(qkv, heads, p):
+    """:func:`_ref_drop_attention` from the fused QKV output, split into heads as ``Attention.split_heads`` does."""
+    B, T, three_dim = qkv.shape
+    q, k, v = qkv.reshape(B, T, 3, heads, three_dim // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+    return _ref_drop_attention(q, k, v, p)
+
+
 def _ref_dropout(x, p):
     return x * dropout_keep(x, p) * (1 / (1 - p))
 
@@ -68,14 +75,15 @@ def _grads(out, inputs, seed=1):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.bfloat16, 3e-2)])
 def test_memory_lean_attention_matches_the_explicit_ops(dtype, tol):
-    """Same keep-mask (same seed), same output and gradients as softmax -> Dropout -> @v through autograd."""
-    q, k, v = (torch.randn(2, 3, 9, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    """Same keep-mask (same seed), same output and gradients as softmax -> Dropout -> @v through autograd, from the
+    fused QKV output (batch 2, 9 tokens, 3 heads of 8), split into heads as ``Attention.split_heads`` does."""
+    qkv = torch.randn(2, 9, 3 * 3 * 8, dtype=dtype, requires_grad=True)
     outs = []
-    for fn in (_DropAttention.apply, _ref_drop_attention):
+    for fn in (_DropAttention.apply, _ref_qkv_attention):
         torch.manual_seed(5)
-        outs.append(fn(q, k, v, 0.3))
-    assert torch.allclose(*outs, atol=tol, rtol=tol)
-    for a, b in zip(_grads(outs[0], (q, k, v)), _grads(outs[1], (q, k, v)), strict=True):
+        outs.append(fn(qkv, 3, 0.3))
+    assert outs[0].shape == (2, 3, 9, 8) and torch.allclose(*outs, atol=tol, rtol=tol)
+    for a, b in zip(_grads(outs[0], (qkv,)), _grads(outs[1], (qkv,)), strict=True):
         assert torch.allclose(a, b, atol=tol, rtol=tol)
 
 
@@ -123,7 +131,7 @@ def test_dropout_vit_trains_the_same_and_saves_less_on_the_memory_lean_paths(mon
         return loss, torch.autograd.grad(loss, list(model.parameters())), sum(storages.values())
 
     lean_loss, lean_grads, lean_bytes = run()
-    monkeypatch.setattr(_DropAttention, "apply", _ref_drop_attention)
+    monkeypatch.setattr(_DropAttention, "apply", _ref_qkv_attention)
     monkeypatch.setattr(_GeluDropLinear, "apply", _ref_gelu_drop_linear)
     monkeypatch.setattr(_LayerNormLinear, "apply", _ref_layer_norm_linear)
     ref_loss, ref_grads, ref_bytes = run()

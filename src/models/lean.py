@@ -26,36 +26,54 @@ def _linear_backward(grad: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor
 
 
 class _DropAttention(torch.autograd.Function):
-    """dropout(softmax(q k^T / sqrt(d))) @ v that saves only q, k, v (views of the fused QKV output), the
-    probabilities and the boolean keep-mask (none at p = 0); the dropped probabilities are recomputed in backward.
+    """dropout(softmax(q k^T / sqrt(d))) @ v from the fused QKV output (B, T, 3 * dim), returning (B, heads, T,
+    head_dim). It saves q, k, v (one head-major copy of the QKV output, which is then freed), the probabilities
+    and the boolean keep-mask (none at p = 0); the dropped probabilities are recomputed in backward.
 
-    Autograd through the explicit ops also keeps contiguous copies of q and k and the dropped
-    probabilities: for the default CIFAR-10 ViT at batch 128 that is 33 MiB more per block.
+    Autograd through the explicit ops also keeps contiguous copies of q and k and the dropped probabilities: for
+    the default CIFAR-10 ViT at batch 128 that is 33 MiB more per block. The batched products take contiguous
+    (B * heads, T, head_dim) operands: on q, k and v as views of the QKV output (strided by head) every product
+    copied its operand first, six copies of q, k or v a block's step, and the gradient of the QKV output was
+    assembled by two more; here one copy each way (the profile in docs/benchmarks/README.md).
     """
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    def forward(ctx, qkv: torch.Tensor, heads: int, p: float) -> torch.Tensor:
+        B, T, three_dim = qkv.shape
+        qkvh = qkv.view(B, T, 3, heads, three_dim // (3 * heads)).permute(2, 0, 3, 1, 4).contiguous()
+        q, k, v = qkvh.unbind(0)  # each (B, heads, T, head_dim), contiguous
         scale, inv_keep = q.shape[-1] ** -0.5, 1.0 / (1.0 - p)
         # softmax accumulates in fp32 for bf16 input on its own: no fp32 copy of the (B, heads, T, T) scores
         probs = (q @ k.transpose(-2, -1)).mul_(scale).softmax(dim=-1)
         keep = dropout_keep(probs, p) if p > 0 else None  # p = 0: no mask, no draw
         out = (keep_scaled(probs, keep, inv_keep) if keep is not None else probs) @ v
-        ctx.save_for_backward(q, k, v, probs, keep)
+        ctx.save_for_backward(qkvh, probs, keep)
         ctx.scale, ctx.inv_keep = scale, inv_keep
         return out
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad: torch.Tensor):
-        q, k, v, probs, keep = ctx.saved_tensors
+        qkvh, probs, keep = ctx.saved_tensors
+        q, k, v = qkvh.unbind(0)
+        _, B, H, T, d = qkvh.shape
+        grad = grad.contiguous()  # merge_heads' gradient arrives token-major
+        grads = torch.empty_like(qkvh)  # (3, B, heads, T, head_dim): each product writes its slice in place
         dropped = keep_scaled(probs, keep, ctx.inv_keep) if keep is not None else probs
-        grad_v = dropped.transpose(-2, -1) @ grad
-        grad_p = grad @ v.transpose(-2, -1)
+
+        def bmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+            return torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=None if out is None else out.view(B * H, T, -1))
+
+        bmm(dropped.transpose(-2, -1), grad, out=grads[2])
+        del dropped
+        grad_p = bmm(grad, v.transpose(-2, -1)).view(B, H, T, T)
         if keep is not None:
             grad_p = keep_scaled(grad_p, keep, ctx.inv_keep)
         grad_s = grad_p.sub_((grad_p * probs).sum(dim=-1, keepdim=True)).mul_(probs).mul_(ctx.scale)  # softmax bwd
-        return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v, None
+        bmm(grad_s, k, out=grads[0])
+        bmm(grad_s.transpose(-2, -1), q, out=grads[1])
+        return grads.permute(1, 3, 0, 2, 4).reshape(B, T, 3 * H * d), None, None
 
 
 class _GeluDropLinear(torch.autograd.Function):
@@ -124,12 +142,11 @@ class LeanBlock(Block):
         return x + self._mlp(norm_linear(x, self.norm2, self.mlp.fc1)), None
 
     def _attention(self, qkv: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.attn.split_heads(qkv)  # each (B, heads, T, head_dim)
         p, path = self.attn.attn_dropout, self.attn.path
-        if path == "explicit":  # the explicit ops with the memory-lean autograd (p = 0: a mask that keeps all)
-            out = _DropAttention.apply(q, k, v, p if 0 < p < 1 else 0.0)
+        if path == "explicit":  # the explicit ops with the memory-lean autograd (p = 0: no mask)
+            out = _DropAttention.apply(qkv, self.attn.heads, p if 0 < p < 1 else 0.0)
         else:
-            out = sdpa(q, k, v, p, path)
+            out = sdpa(*self.attn.split_heads(qkv), p, path)  # q, k, v, each (B, heads, T, head_dim)
         return self.attn.merge_heads(out)
 
     def _mlp(self, a: torch.Tensor) -> torch.Tensor:
