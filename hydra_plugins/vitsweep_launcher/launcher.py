@@ -54,7 +54,10 @@ class VectorizedLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        from . import validated
         from .pool import prestart
+
+        validated.install(hydra_context.config_loader)  # the sweeper's check composes each job once for both
 
         prestart(self)  # CPU workers start and import torch while the sweeper plans and the jobs are composed
 

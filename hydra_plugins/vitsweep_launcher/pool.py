@@ -6,6 +6,7 @@ from a fork server that has imported torch once; on CUDA, spawned). A unit is on
 """
 
 import atexit
+import gc
 import importlib
 import logging
 import multiprocessing as mp
@@ -31,6 +32,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydra_plugins.vitsweep_sweeper import protocol
 from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent, watch_process
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
+
+from . import validated
 
 log = logging.getLogger(__name__)
 _WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
@@ -83,8 +86,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
 
 class JobConfigs:
     """The batch's job configs, each composed on first use and kept (Hydra's ``load_sweep_config`` takes
-    about 0.2 s a job on a 2-core CPU: composed up front, 18 jobs kept both workers idle for 3.5 s). Logs each
-    job's overrides as it is composed."""
+    about 0.2 s a job on a 2-core CPU: composed up front, 18 jobs kept both workers idle for 3.5 s), or taken from
+    the sweeper's check of the batch (``validated``). Logs each job's overrides as it is first used."""
 
     def __init__(self, launcher: Any, numbers: list[int], job_overrides: Sequence[Sequence[str]]):
         self._launcher, self._numbers, self._overrides = launcher, numbers, job_overrides
@@ -99,7 +102,10 @@ class JobConfigs:
     def __getitem__(self, i: int) -> DictConfig:
         if i not in self._done:
             launcher, overrides = self._launcher, list(self._overrides[i])
-            cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
+            loader = launcher.hydra_context.config_loader
+            cfg = validated.install(loader).take(launcher.config, overrides)  # composed by the sweeper's check
+            if cfg is None:
+                cfg = loader.load_sweep_config(launcher.config, overrides)
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = self._numbers[i]
             log.info(f"\t#{self._numbers[i]} : {' '.join(filter_overrides(overrides))}")
@@ -342,6 +348,7 @@ def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: 
     setup_globals()
     Singleton.set_state(state)
     _WORKER.update(slot=slot, hydra_context=hydra_context, task_function=task_function)
+    gc.freeze()  # what the worker loaded lives as long as it does: its jobs' collections skip it (fork_server.py)
     print(f"worker {slot} (pid {os.getpid()}): {threads or 'default'} torch thread(s)"
           + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
 

@@ -67,8 +67,28 @@ def trial_of_run_dir(run_dir: str | Path) -> TrialIdentity | None:
 
 
 def current_trial(run_dir: str | Path | None = None) -> TrialIdentity | None:
-    """The trial a job runs: from the environment, else from ``run_dir``'s Hydra record; None outside a sweep."""
-    return trial_of_env() or (trial_of_run_dir(run_dir) if run_dir is not None else None)
+    """The trial a job runs: from the environment, else from ``run_dir``'s Hydra record; None outside a sweep.
+    Inside the Hydra job whose output dir is ``run_dir``, the record is the running job's Hydra config, read from
+    memory: parsing ``hydra.yaml`` took 40 ms, twice for every job of a grid (docs/benchmarks/README.md)."""
+    found = trial_of_env()
+    if found is not None or run_dir is None:
+        return found
+    running = _running_hydra(run_dir)
+    return trial_of_hydra(running) if running is not None else trial_of_run_dir(run_dir)
+
+
+def _running_hydra(run_dir: str | Path) -> Any:
+    """The running Hydra job's config (what it writes to ``.hydra/hydra.yaml``) when ``run_dir`` is its output
+    dir; else None (no job runs, or another job's run dir, as for stacked members)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    cfg = HydraConfig.get()
+    output_dir = cfg.runtime.get("output_dir") if cfg.get("runtime") is not None else None
+    if not output_dir or Path(output_dir).resolve() != Path(run_dir).resolve():
+        return None
+    return cfg
 
 
 def open_storage(url: str, existing: bool = False):
