@@ -48,6 +48,9 @@ small() {  # the small study models at n_train 2048, one thread (a sweep worker'
 grid() {  # the launcher against Hydra's basic one: 18 small CNNs, 30 epochs on the embedded digits
   $PY benchmarks/grid.py --grid model=cnn model.width=1,2,4 label_noise=none,p10,p20 seed=0,1 --data dataset=digits \
     --epochs 30 --out "${GRID_OUT:-/tmp/vitsweep_grid}" 2>&1 | tail -8
+  [ -n "$BEFORE" ] && (cd "$BEFORE" && $PY benchmarks/grid.py --grid model=cnn model.width=1,2,4 label_noise=none,p10,p20 \
+    seed=0,1 --data dataset=digits --epochs 30 --modes vectorized --out "${GRID_OUT:-/tmp/vitsweep_grid}_before" 2>&1 \
+    | tail -4 | sed 's/^/before: /')
 }
 
 for step in "${@:-vit throughput small grid}"; do
