@@ -292,3 +292,29 @@ def test_a_worker_skips_the_interpreters_teardown_but_runs_every_exit_handler(tm
         assert f"printed at exit by {k}" in log, log[-2000:]
     # the last job's log handler is still open (Hydra's logging set-up for job 1 closed job 0's, as in any launcher)
     assert "logged at exit by 1" in (tmp_path / "1" / "probe.log").read_text()
+
+
+def _collector_state():
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_workers_collect_garbage_and_keep_their_loaded_modules_out_of_its_way(tmp_path, method):
+    """The fork server imports torch with the garbage collector off (the launch's critical path) and freezes what
+    it loaded; a worker, forked or spawned, runs its jobs with the collector on, torch's objects frozen."""
+    import multiprocessing as mp
+    import types
+
+    from hydra_plugins.vitsweep_launcher import pool
+
+    if method not in mp.get_all_start_methods():
+        pytest.skip(f"no {method} start method on this platform")
+    launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None, start_method=method)
+    ex = pool._pool(launcher, 1, 1, [], str(tmp_path))
+    try:
+        enabled, frozen = ex.submit(_collector_state).result(timeout=120)
+    finally:
+        ex.shutdown()
+    assert enabled and frozen > 100_000, (enabled, frozen)

@@ -1,5 +1,6 @@
 """The last module a CPU pool's fork server imports (``pool.FORK_SERVER_PRELOAD``): it makes that process end
-without the interpreter's teardown.
+without the interpreter's teardown, and it freezes what the preload loaded and turns the garbage collector back on
+(``_preload_first`` turned it off).
 
 The fork server (multiprocessing's ``forkserver``) has torch loaded, holds the launching process's output, and
 ends when the launching process does; its teardown took 1.7-1.9 s on a loaded 2-core CPU, and whoever reads the
@@ -40,7 +41,11 @@ if _imported_by_the_fork_server():
     # after work this process never does. Forked workers inherit it and run it last, after their own handlers
     # (``pool.exit_without_teardown`` does the same for spawned ones).
     atexit.register(os._exit, 0)
+
+_first = sys.modules.get("hydra_plugins.vitsweep_launcher._preload_first")
+if _first is not None and _first.__dict__.pop("collector_off", False):  # the preload's end, in the fork server
     # the preloaded modules' objects (torch's: about 330,000) live as long as the process: out of the collector's
     # reach, a worker's full collection took 1 ms instead of 150 ms, and the Hydra plugin scan each worker runs at
     # its start 0.07 s instead of 0.22 s (docs/benchmarks/README.md). Python's gc docs advise it before forking
     gc.freeze()
+    gc.enable()

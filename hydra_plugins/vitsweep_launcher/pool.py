@@ -145,8 +145,8 @@ def _warm() -> None:
 
 
 # what a CPU pool's fork server imports once for all its workers (a module that fails to import is skipped)
-FORK_SERVER_PRELOAD = ["torch", "torch._dynamo", "hydra.core.utils", "omegaconf", "cloudpickle",
-                       "hydra_plugins.vitsweep_launcher.fork_server"]
+FORK_SERVER_PRELOAD = ["hydra_plugins.vitsweep_launcher._preload_first", "torch", "torch._dynamo", "hydra.core.utils",
+                       "omegaconf", "cloudpickle", "hydra_plugins.vitsweep_launcher.fork_server"]
 
 
 def start_method(gpus: list[str], requested: str = "auto") -> str:
