@@ -117,6 +117,21 @@ def test_a_bare_deletion_is_passed_on_as_written():
     assert [override_line(k, v) for k, v in fixed.items()] == ["~z", "~q=3", "x=1"]
 
 
+def test_hydras_plugin_scan_does_not_load_optuna():
+    """Every Hydra process scans the plugins (a single run, a multirun's launching process before it starts its
+    workers, each launcher worker): the scan must not load Optuna (0.15-0.2 s), only a sweep that uses it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys; from hydra.core.plugins import Plugins; Plugins.instance(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'optuna'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout[-2000:], out.stderr[-2000:])
+
+
 def test_hydras_plugin_scan_leaves_the_public_modules_objects_alone():
     """Hydra's plugin scan re-executes every hydra_plugins module whose name has no leading underscore, in place
     (hydra/core/plugins.py). The public modules must survive that: a class bound before a rescan (an exception a
