@@ -87,9 +87,13 @@ def test_clean_label_error_equals_the_noisy_one_without_noise(tiny_cfg, tmp_path
 def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("trainer.max_epochs=3", "label_noise=p20", "dataset.n_train=600",
                              "trainer.train_eval_size=300", "optimizer.lr=3e-3"), tmp_path)
-    for r in rows_of(tmp_path):
-        assert r["train_error_clean"] != r["train_error"] and r["train_loss_clean"] != r["train_loss"]
+    rows = rows_of(tmp_path)
+    for r in rows:  # the clean metrics score the same predictions against other labels
+        assert r["train_loss_clean"] != r["train_loss"]
         assert 0.0 <= r["train_error_noisy_subset"] <= 1.0
+    # errors count wrong predictions only: a model that still predicts one class everywhere (this tiny ViT after its
+    # first epoch, on some dropout draws) can be wrong as often against both label sets
+    assert any(r["train_error_clean"] != r["train_error"] for r in rows)
     # A model that has not memorised the noise mostly predicts the true class of a flipped image, so it is
     # wrong against the noisy label there more often than on the clean images.
     assert summary["train_error_noisy_subset"] > summary["train_error_clean"]
