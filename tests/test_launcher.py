@@ -318,3 +318,27 @@ def test_workers_collect_garbage_and_keep_their_loaded_modules_out_of_its_way(tm
     finally:
         ex.shutdown()
     assert enabled and frozen > 100_000, (enabled, frozen)
+
+
+def test_the_configs_the_sweepers_check_composed_are_the_launchers_once_each():
+    """Hydra's sweepers compose every job to check a batch (``validate_batch_is_legal``), then the launcher composed
+    each again: the checked configs are handed over instead, once each; what other callers compose is never kept."""
+    import types
+
+    from hydra.plugins.sweeper import Sweeper
+
+    from hydra_plugins.vitsweep_launcher import _validated
+
+    calls = []
+    loader = types.SimpleNamespace(load_sweep_config=lambda master, overrides: calls.append(overrides) or
+                                   {"job": list(overrides)})
+    wrapper = _validated.install(loader)
+    assert _validated.install(loader) is wrapper  # once per loader
+    master, other_master = object(), object()
+    sweeper = types.SimpleNamespace(hydra_context=types.SimpleNamespace(config_loader=loader), config=master)
+    Sweeper.validate_batch_is_legal(sweeper, [["x=1"], ["x=2"]])
+    kept = wrapper.take(master, ["x=1"])
+    assert kept == {"job": ["x=1"]} and wrapper.take(master, ["x=1"]) is None  # handed over once
+    assert wrapper.take(other_master, ["x=2"]) is None  # another master config composes afresh
+    loader.load_sweep_config(master, ["x=3"])  # a caller other than the check may change what it gets: not kept
+    assert wrapper.take(master, ["x=3"]) is None and len(calls) == 3

@@ -54,7 +54,7 @@ class VectorizedLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        from . import validated
+        from . import _validated as validated
         from .pool import prestart
 
         validated.install(hydra_context.config_loader)  # the sweeper's check composes each job once for both

@@ -33,7 +33,7 @@ from hydra_plugins.vitsweep_sweeper import protocol
 from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent, watch_process
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
-from . import validated
+from . import _validated as validated
 
 log = logging.getLogger(__name__)
 _WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
@@ -87,7 +87,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
 class JobConfigs:
     """The batch's job configs, each composed on first use and kept (Hydra's ``load_sweep_config`` takes
     about 0.2 s a job on a 2-core CPU: composed up front, 18 jobs kept both workers idle for 3.5 s), or taken from
-    the sweeper's check of the batch (``validated``). Logs each job's overrides as it is first used."""
+    the sweeper's check of the batch (``_validated``). Logs each job's overrides as it is first used."""
 
     def __init__(self, launcher: Any, numbers: list[int], job_overrides: Sequence[Sequence[str]]):
         self._launcher, self._numbers, self._overrides = launcher, numbers, job_overrides

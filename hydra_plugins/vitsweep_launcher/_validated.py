@@ -3,10 +3,11 @@
 Hydra's sweepers call ``Sweeper.validate_batch_is_legal`` before each launch: it composes every job's config
 (``load_sweep_config``) to fail early, and drops them; its docstring says it repeats the launcher's work, for a
 launcher that composes in another process or machine. This launcher composes in the same process, so each job
-was composed twice, about 0.1 s each on a 2-core CPU, in the launching process that competes with the workers
-for the cores (18 jobs: 3.6 s; docs/benchmarks/README.md, the launcher's efficiency). Here the configs composed
+was composed twice, about 0.08 s each on a 2-core CPU, in the launching process that competes with the workers
+for the cores (18 jobs: about 1.5 s; docs/benchmarks/README.md, the launcher's start-up). Here the configs composed
 for the check are kept and handed to the launcher once each; a config composed by any other caller is never kept,
-so nothing a caller may change reaches a job.
+so nothing a caller may change reaches a job. The name's underscore keeps Hydra's plugin scan, which re-runs every
+other module of ``hydra_plugins``, from redefining the wrapper's class.
 """
 
 import sys
