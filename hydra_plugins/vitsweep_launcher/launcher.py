@@ -45,6 +45,7 @@ class VectorizedLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
         self.pool: tuple | None = None  # (key, workers, ProcessPoolExecutor), kept across batches
+        self.validated: Any = None  # set up: the configs the sweeper's batch check composed (_validated.py)
         # set by a sweeper that records each job's result as it ends (vitsweep's tells its trial then), rather
         # than when launch() returns the whole batch: fn(job number, JobReturn)
         self.on_job_done: Callable[[int, JobReturn], None] | None = None
@@ -57,7 +58,8 @@ class VectorizedLauncher(Launcher):
         from . import _validated as validated
         from .pool import prestart
 
-        validated.install(hydra_context.config_loader)  # the sweeper's check composes each job once for both
+        # the sweeper's check composes each job once for both: its configs, kept here, are the jobs'
+        self.validated = validated.install(hydra_context.config_loader)
 
         prestart(self)  # CPU workers start and import torch while the sweeper plans and the jobs are composed
 

@@ -33,8 +33,6 @@ from hydra_plugins.vitsweep_sweeper import protocol
 from hydra_plugins.vitsweep_sweeper.parent_watch import watch_parent, watch_process
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
-from . import _validated as validated
-
 log = logging.getLogger(__name__)
 _WORKER: dict[str, Any] = {}  # per worker process: its slot, Hydra context and task function
 
@@ -102,10 +100,10 @@ class JobConfigs:
     def __getitem__(self, i: int) -> DictConfig:
         if i not in self._done:
             launcher, overrides = self._launcher, list(self._overrides[i])
-            loader = launcher.hydra_context.config_loader
-            cfg = validated.install(loader).take(launcher.config, overrides)  # composed by the sweeper's check
+            kept = getattr(launcher, "validated", None)  # composed by the sweeper's check (launcher.setup)
+            cfg = kept.take(launcher.config, overrides) if kept is not None else None
             if cfg is None:
-                cfg = loader.load_sweep_config(launcher.config, overrides)
+                cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = self._numbers[i]
             log.info(f"\t#{self._numbers[i]} : {' '.join(filter_overrides(overrides))}")
