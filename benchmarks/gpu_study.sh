@@ -56,9 +56,17 @@ echo "cpus $(nproc)"
 
 if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared main run (scale cpu: 96 runs, 20% noise)
   # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
-  # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it
-  step vit_main $(( $(left) - 30 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
+  # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it, and
+  # the unfinished runs' checkpoints come back as ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
+  # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes; 0: none).
+  [ "${TESTS_BOX:-150}" -gt 0 ] && step tests "${TESTS_BOX:-150}" python3 -m pytest -p no:cacheprovider -q -n 2 \
+    tests/test_speed_paths.py tests/test_stacked.py &
+  step vit_main $(( $(left) - 40 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
     "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
+  wait
+  unfinished=$(cd "$W" && for r in vit_main/*/; do
+    grep -qs '"status": "completed"' "$r/summary.json" || ls "$r"checkpoint.pt 2>/dev/null; done)
+  [ -n "$unfinished" ] && tar -czf - -C "$W" $unfinished vit_main/.launcher | split -b 15M - "$OUT/ckpt_vit_main.tar.gz."
   python3 -m analysis.design test "$W/vit_main" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
     --out "$LOG/test_vit_main.md" >/dev/null 2>>"$LOG/plan.err"
   ls "$W/vit_main"/*/summary.json 2>/dev/null | wc -l | xargs echo "vit_main summaries:"

@@ -48,6 +48,7 @@ from src.trainer import (
     resume,
     start_tracking,
     summarise,
+    until_stopped,
 )
 from src.trial import Reporter
 from src.validate import check_config
@@ -223,12 +224,12 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
 
 def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None]) -> dict[int, dict]:
     """Train the set-up members together until each stops; returns each member's summary."""
-    members = {k: _Member(s, reporters.get(k)) for k, s in states.items()}
+    stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
+    members = {k: _Member(s, until_stopped(reporters.get(k), stop)) for k, s in states.items()}
     summaries: dict[int, dict] = {}
     for s in states.values():
         s.started = time.perf_counter()
     first = next(iter(states.values()))
-    stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
     with stop.installed(), tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
                                 disable=not first.cfg["trainer"].get("progress", True), leave=False,
                                 mininterval=30.0) as pbar:

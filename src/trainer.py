@@ -224,8 +224,17 @@ def checkpoint_due(state: RunState) -> bool:
     return bool(every) and state.epoch % every == 0
 
 
+def until_stopped(reporter: Reporter | None, stop: StopSignal) -> Reporter | None:
+    """The reporter, silent once a stop signal has come: a stopping run neither prunes nor converges, and the sweep
+    hands a stopped run's trial back, after which a report to it would fail the run before it saves."""
+    if reporter is None:
+        return None
+    return lambda value, epoch: stop.signum is None and reporter(value, epoch)
+
+
 def run_loop(state: RunState, reporter: Reporter | None, stop: StopSignal, pbar) -> str:
     """Epochs until a stop rule fires; checkpoints as configured. Returns the stop reason."""
+    reporter = until_stopped(reporter, stop)
     while True:
         started = state.wall_s()
         reason, images = train_epoch(state, stop, pbar)

@@ -2,6 +2,7 @@
 trial's run dir, and `trainer.resume=auto` continues it from the last checkpoint, ending exactly as an
 uninterrupted run of the same point."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
@@ -102,24 +104,32 @@ def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
 
 
-def sigterm_after_two_epochs(sweep_dir, *overrides: str) -> tuple[int, str, float]:
-    """Run the smoke double-descent study through `python -m src.sweep` (400 epochs a run, no convergence stop),
-    SIGTERM it once a run has two epochs; returns its exit code, its output and the seconds it took to stop."""
+def sigterm_after_two_epochs(sweep_dir, *overrides: str, study: str = "double_descent_cnn",
+                             group: bool = False) -> tuple[int, str, float]:
+    """Run a smoke double-descent study through `python -m src.sweep` (400 epochs a run, no convergence stop),
+    SIGTERM it once a run has two epochs (``group``: every process of its session at once, as `timeout`, Slurm's
+    scancel or a preemption do); returns its exit code, its output and the seconds it took to stop."""
     import time
 
-    cmd = [sys.executable, "-m", "src.sweep", "double_descent_cnn", "scale=smoke", "dataset=digits",
+    cmd = [sys.executable, "-m", "src.sweep", study, "scale=smoke", "dataset=digits",
            "dataset.n_train=200", "trainer.max_epochs=400", "trainer.converge_epochs=null", "trainer.progress=false",
            "trainer.precision=fp32", *overrides, f"hydra.sweep.dir={sweep_dir}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=group)
     try:
         wait_for(lambda: any(len(rows(d)) >= 2 for d in sweep_dir.glob("[0-9]*") if (d / "metrics.jsonl").is_file()),
                  timeout=240, what="two epochs of a run", proc=proc)
         start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         return proc.returncode, out, time.monotonic() - start
     finally:
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.kill()
 
 
@@ -153,4 +163,27 @@ def test_sigterm_stops_a_pool_worker_before_the_job_queued_to_it_starts(tmp_path
     assert returncode == 143, out[-3000:]
     assert "did not exit" not in out, out[-3000:]
     assert log.count("job #") == 1, f"a job started after the stop:\n{log[-3000:]}"
+    assert took < 30, f"the sweep took {took:.0f} s to stop"
+
+
+def test_sigterm_to_the_whole_process_group_saves_each_running_run_and_starts_no_queued_one(tmp_path):
+    """Found when `timeout` ended the ViT double descent's sweep on a lent GPU: a signal to every process of the
+    sweep at once (`timeout`, Slurm's scancel, a preemption) also reached the launcher's fork server, which died of it.
+    The workers' exit sentinels are that server's pipes, so the launcher's wait for its workers ended at once; the
+    sweeper handed their trials back while the runs were still evaluating; a run's report to its finished trial then
+    failed it (`UpdateFinishedTrialError`, no final checkpoint), and its worker went on to the next queued job.
+    Heavy evaluations (the ViT scored on both splits each epoch, one step an epoch) time the signal mid-evaluation."""
+    sweep_dir = tmp_path / "sweep"
+    returncode, out, took = sigterm_after_two_epochs(
+        sweep_dir, "dataset.n_train=64", "trainer.batch_size=64", "trainer.test_every=1", "hydra.launcher.n_procs=1",
+        study="double_descent_vit", group=True)
+    log = (sweep_dir / ".launcher" / "worker-0.log").read_text()
+    assert returncode == 143, out[-3000:]
+    assert "UpdateFinishedTrialError" not in log, log[-3000:]
+    assert log.count("job #") == 1, f"a job started after the stop:\n{log[-3000:]}"
+    (run_dir,) = [d for d in sweep_dir.glob("[0-9]*") if (d / "summary.json").is_file()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted", summary
+    ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert ckpt["step"] == summary["steps"], "the stopped run's last steps are not in its checkpoint"
     assert took < 30, f"the sweep took {took:.0f} s to stop"

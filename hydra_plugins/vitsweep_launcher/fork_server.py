@@ -1,6 +1,6 @@
 """The last module a CPU pool's fork server imports (``pool.FORK_SERVER_PRELOAD``): it makes that process end
-without the interpreter's teardown, and it freezes what the preload loaded and turns the garbage collector back on
-(``_preload_first`` turned it off).
+without the interpreter's teardown and outlive a SIGTERM, and it freezes what the preload loaded and turns the
+garbage collector back on (``_preload_first`` turned it off).
 
 The fork server (multiprocessing's ``forkserver``) has torch loaded, holds the launching process's output, and
 ends when the launching process does; its teardown took 1.7-1.9 s on a loaded 2-core CPU, and whoever reads the
@@ -12,6 +12,7 @@ process (and runs it again in every worker), where it does nothing.
 import atexit
 import gc
 import os
+import signal
 import sys
 
 
@@ -41,6 +42,12 @@ if _imported_by_the_fork_server():
     # after work this process never does. Forked workers inherit it and run it last, after their own handlers
     # (``pool.exit_without_teardown`` does the same for spawned ones).
     atexit.register(os._exit, 0)
+    # SIGTERM to every process of the sweep at once (`timeout`, Slurm's scancel, a preemption) killed the server:
+    # its workers' exit sentinels are its pipes, so the launcher's wait for the stopping workers ended at once and
+    # the sweeper handed their trials back while the runs were still saving (tests/test_sweep_resume.py). CPython's
+    # server already ignores SIGINT for the same reason; it ends with the launching process (its alive pipe). Its
+    # workers inherit the ignore: each takes the default back at its start (``pool._init_worker``).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 _first = sys.modules.get("hydra_plugins.vitsweep_launcher._preload_first")
 if _first is not None and _first.__dict__.pop("collector_off", False):  # the preload's end, in the fork server
