@@ -6,6 +6,12 @@
 #   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh             # pilot, design rules, main
 #   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
 #   MODE=vit_main PROCS=16 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh  # the ViT double descent's main run
+#   MODE=vit_main RESUME=.gpudata/vit_main TESTS_BOX=0 ... # the same, resumed from an earlier call's runs
+#
+# What a call sends is the checkout's tracked files plus what it carries, at most 64 MiB: the committed study
+# records alone are over 70 MB, so before a call take the records it does not read out of the index for its
+# duration (`git rm -r --cached -q docs/studies/double_descent_cnn_cifar10 docs/studies/double_descent_cnn`, the two
+# folders in .git/info/exclude) and put them back after it (`git reset -q`, the exclude lines removed).
 #
 # DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
 # first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
@@ -36,14 +42,16 @@ read -r -a PILOT_EXTRA <<<"${PILOT_EXTRA:-}"  # overrides for the pilot only
 MAIN_EPOCHS=${MAIN_EPOCHS:-300}
 
 left() { echo $((DEADLINE - (SECONDS - T0))); }
-step() {  # step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then KILL 20 s later), log, print its tail
+# step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then SIGKILL KILL_GRACE s later: the launcher gives
+# its workers 60 s to save; 20 s once cut a stopping sweep off on an H100), log it, print its tail
+step() {
   local name=$1 limit=$2
   shift 2
   [ "$limit" -gt "$(left)" ] && limit=$(left)
   if [ "$limit" -le 5 ]; then echo "== $name: skipped (no time left)"; return 99; fi
   local t0=$SECONDS
   echo "== $name (box ${limit}s): $*"
-  timeout -k 20 "$limit" "$@" >"$LOG/$name.log" 2>&1
+  timeout -k "${KILL_GRACE:-60}" "$limit" "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc $rc in $((SECONDS - t0)) s"
   tail -n "${TAIL:-5}" "$LOG/$name.log" | cut -c1-300
@@ -58,10 +66,15 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
   # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it, and
   # the unfinished runs' checkpoints come back as ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
-  # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes; 0: none).
-  [ "${TESTS_BOX:-150}" -gt 0 ] && step tests "${TESTS_BOX:-150}" python3 -m pytest -p no:cacheprovider -q -n 2 \
+  # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes, each result named in logs/tests.log; 0: none).
+  # RESUME: a folder of the checkout holding an earlier call's sweep dir with its checkpoints (carried; made here with
+  # `cat ckpt_vit_main.tar.gz.* | tar xzf -` over `tar xzf records_vit_main.tar.gz`): its paths are $W/vit_main's
+  if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/vit_main" ]; then
+    cp -a "$RESUME" "$W/vit_main" && echo "resuming $RESUME ($(ls "$RESUME"/*/summary.json | wc -l) runs)"
+  fi
+  [ "${TESTS_BOX:-240}" -gt 0 ] && step tests "${TESTS_BOX:-240}" python3 -m pytest -p no:cacheprovider -v -rf -n 2 \
     tests/test_speed_paths.py tests/test_stacked.py &
-  step vit_main $(( $(left) - 40 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
+  step vit_main $(( $(left) - 80 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
     "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
   wait
   unfinished=$(cd "$W" && for r in vit_main/*/; do
@@ -106,7 +119,7 @@ if [ "${MODE:-pilot}" = main ]; then  # the declared main run alone (scale main)
 fi
 
 # the CUDA tests beside the pilots (their own 4 processes)
-[ "${TESTS_BOX:-90}" -gt 0 ] && step tests "${TESTS_BOX:-90}" python3 -m pytest -p no:cacheprovider -q -n 4 \
+[ "${TESTS_BOX:-90}" -gt 0 ] && step tests "${TESTS_BOX:-90}" python3 -m pytest -p no:cacheprovider -v -rf -n 4 \
   tests/test_stacked.py tests/test_speed_paths.py &
 
 # the pilots, at once: CIFAR-10 CNN (n_train 2048 and 8192, C1 2-32, lr 0.05/0.02/0.01), MNIST CNN (n_train 1024 and
