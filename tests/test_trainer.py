@@ -149,7 +149,8 @@ def test_batchnorm_statistics_left_near_their_start_are_recomputed_before_scorin
 
 
 def test_batchnorm_statistics_are_kept_once_the_start_value_has_decayed(tiny_cfg, tmp_path):
-    train(tiny_cfg("model=cnn_vgg", "trainer.max_steps=60", "trainer.max_epochs=100", "trainer.eval_every=100"),
+    train(tiny_cfg("model=cnn_vgg", "trainer.max_steps=60", "trainer.max_epochs=100", "trainer.eval_every=100",
+                    "trainer.batch_size=8"),
           tmp_path)
     _, rows = read(tmp_path)
     assert "bn_recomputed" not in rows[-1]  # 0.9^60 = 0.2% of the start value is left
