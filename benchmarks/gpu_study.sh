@@ -43,7 +43,8 @@ MAIN_EPOCHS=${MAIN_EPOCHS:-300}
 
 left() { echo $((DEADLINE - (SECONDS - T0))); }
 # step NAME SECONDS CMD...: run CMD under a time box (SIGTERM, then SIGKILL KILL_GRACE s later: the launcher gives
-# its workers 60 s to save; 20 s once cut a stopping sweep off on an H100), log it, print its tail
+# its workers 60 s to save, then the sweeper hands their trials back; 20 s once cut a stopping sweep off on an H100),
+# log it, print its tail
 step() {
   local name=$1 limit=$2
   shift 2
@@ -51,7 +52,7 @@ step() {
   if [ "$limit" -le 5 ]; then echo "== $name: skipped (no time left)"; return 99; fi
   local t0=$SECONDS
   echo "== $name (box ${limit}s): $*"
-  timeout -k "${KILL_GRACE:-60}" "$limit" "$@" >"$LOG/$name.log" 2>&1
+  timeout -k "${KILL_GRACE:-90}" "$limit" "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc $rc in $((SECONDS - t0)) s"
   tail -n "${TAIL:-5}" "$LOG/$name.log" | cut -c1-300
@@ -74,12 +75,16 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   fi
   [ "${TESTS_BOX:-240}" -gt 0 ] && step tests "${TESTS_BOX:-240}" python3 -m pytest -p no:cacheprovider -v -rf -n 2 \
     tests/test_speed_paths.py tests/test_stacked.py &
-  step vit_main $(( $(left) - 80 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
+  step vit_main $(( $(left) - 110 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
     "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
   wait
-  unfinished=$(cd "$W" && for r in vit_main/*/; do
-    grep -qs '"status": "completed"' "$r/summary.json" || ls "$r"checkpoint.pt 2>/dev/null; done)
-  [ -n "$unfinished" ] && tar -czf - -C "$W" $unfinished vit_main/.launcher | split -b 15M - "$OUT/ckpt_vit_main.tar.gz."
+  # the checkpoints of the runs a later call resumes: stopped (`interrupted`) or never summarised
+  rm -f "$OUT"/ckpt_vit_main.tar.gz.*
+  (cd "$W" && for r in vit_main/*/; do
+    if [ ! -f "$r/summary.json" ] || grep -qs '"stop_reason": "interrupted"' "$r/summary.json"; then
+      [ -f "${r}checkpoint.pt" ] && printf '%s\n' "${r}checkpoint.pt"; fi; done) >"$LOG/resumable.txt"
+  [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" vit_main/.launcher \
+    | split -b 15M - "$OUT/ckpt_vit_main.tar.gz."
   python3 -m analysis.design test "$W/vit_main" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
     --out "$LOG/test_vit_main.md" >/dev/null 2>>"$LOG/plan.err"
   ls "$W/vit_main"/*/summary.json 2>/dev/null | wc -l | xargs echo "vit_main summaries:"

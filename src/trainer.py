@@ -225,8 +225,8 @@ def checkpoint_due(state: RunState) -> bool:
 
 
 def until_stopped(reporter: Reporter | None, stop: StopSignal) -> Reporter | None:
-    """The reporter, silent once a stop signal has come: a stopping run neither prunes nor converges, and the sweep
-    hands a stopped run's trial back, after which a report to it would fail the run before it saves."""
+    """The reporter, silent once a stop signal has come: a stopping run is not pruned, and the sweep hands a stopped
+    run's trial back, after which a report to it would fail the run before it saves."""
     if reporter is None:
         return None
     return lambda value, epoch: stop.signum is None and reporter(value, epoch)

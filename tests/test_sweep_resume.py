@@ -186,4 +186,9 @@ def test_sigterm_to_the_whole_process_group_saves_each_running_run_and_starts_no
     assert summary["stop_reason"] == "interrupted", summary
     ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     assert ckpt["step"] == summary["steps"], "the stopped run's last steps are not in its checkpoint"
+    study = optuna.load_study(study_name="double_descent_vit", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    (handed,) = [t for t in study.trials if t.number == int(run_dir.name)]
+    saved = max((run_dir / f).stat().st_mtime for f in ("summary.json", "checkpoint.pt"))
+    assert handed.state == TrialState.FAIL and handed.datetime_complete.timestamp() >= saved, \
+        "the sweep handed the trial back before its run had saved"
     assert took < 30, f"the sweep took {took:.0f} s to stop"

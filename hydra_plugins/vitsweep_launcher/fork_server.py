@@ -46,8 +46,11 @@ if _imported_by_the_fork_server():
     # its workers' exit sentinels are its pipes, so the launcher's wait for the stopping workers ended at once and
     # the sweeper handed their trials back while the runs were still saving (tests/test_sweep_resume.py). CPython's
     # server already ignores SIGINT for the same reason; it ends with the launching process (its alive pipe). Its
-    # workers inherit the ignore: each takes the default back at its start (``pool._init_worker``).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # direct children (the pool's workers) take the disposition back the moment they are forked, before any start-up
+    # work, so a SIGTERM to a starting worker still ends it; children that workers fork themselves are left alone.
+    _before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _server = os.getpid()
+    os.register_at_fork(after_in_child=lambda: os.getppid() == _server and signal.signal(signal.SIGTERM, _before))
 
 _first = sys.modules.get("hydra_plugins.vitsweep_launcher._preload_first")
 if _first is not None and _first.__dict__.pop("collector_off", False):  # the preload's end, in the fork server

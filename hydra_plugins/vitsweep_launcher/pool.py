@@ -320,7 +320,6 @@ def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: 
                  log_dir: str, share: int) -> None:
     exit_without_teardown()
     if method == "forkserver":
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server ignores it (fork_server.py); a worker stops
         # a forked worker ends with os._exit after its last task, skipping exit handlers: run them then, as a
         # spawned worker's interpreter does at its exit (a job's tracker flushes there), the lowest-priority
         # finalizer of the process's end (``multiprocessing.util._exit_function``)
