@@ -86,6 +86,7 @@ def _resume_env() -> dict:
 
 
 @pytest.mark.faults
+@pytest.mark.slow  # the suite's time: the vectorized launcher's twin is in the default suite (test_sweep_resume.py)
 def test_a_job_killed_mid_trial_is_retried_in_its_run_dir_from_its_checkpoint(tmp_path):
     proc = _start_resumable_sweep(tmp_path, epochs=4)
     try:

@@ -231,6 +231,7 @@ def test_a_direction_that_contradicts_the_objective_fails_before_any_trial(tmp_p
     assert not (tmp_path / "0").exists() and not (tmp_path / "optuna.db").exists()
 
 
+@pytest.mark.slow  # the suite's time: test_cli's finished-run test and the standalone recipe tests cover both halves
 def test_the_trainers_study_refuses_a_changed_recipe_but_not_a_changed_stop_limit(tmp_path):
     """With vitsweep's trainer the study's resume check is the run's own (src.checkpoint.config_differences): a
     changed model key fails before any trial, naming it; a raised stop limit (a runtime key) continues."""

@@ -306,6 +306,7 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
         assert [r for r in study.trials if r.user_attrs.get("retry_of") == t.number], f"trial {t.number} not retried"
 
 
+@pytest.mark.slow  # the suite's time: test_sweep_resume.py's SIGTERM tests check the hand-back by default
 def test_sigterm_to_a_sweep_running_a_batch_hands_back_only_the_running_trials(tmp_path):
     proc = start(tmp_path, *BATCH)
     done, running = wait_for(lambda: told_while_batch_runs(tmp_path), timeout=120,
