@@ -67,7 +67,8 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
   # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it, and
   # the unfinished runs' checkpoints come back as ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
-  # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes, each result named in logs/tests.log; 0: none).
+  # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes, each result named in
+  # logs/tests.log; 0: none).
   # RESUME: a folder of the checkout holding an earlier call's sweep dir with its checkpoints (carried; made here with
   # `cat ckpt_vit_main.tar.gz.* | tar xzf -` over `tar xzf records_vit_main.tar.gz`): its paths are $W/vit_main's
   if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/vit_main" ]; then

@@ -100,8 +100,7 @@ class JobConfigs:
     def __getitem__(self, i: int) -> DictConfig:
         if i not in self._done:
             launcher, overrides = self._launcher, list(self._overrides[i])
-            kept = getattr(launcher, "validated", None)  # composed by the sweeper's check (launcher.setup)
-            cfg = kept.take(launcher.config, overrides) if kept is not None else None
+            cfg = launcher.validated.take(launcher.config, overrides)  # composed by the sweeper's check (setup)
             if cfg is None:
                 cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
             with open_dict(cfg):
