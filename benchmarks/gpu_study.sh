@@ -7,6 +7,7 @@
 #   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
 #   MODE=vit_main PROCS=16 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh  # the ViT double descent's main run
 #   MODE=vit_main RESUME=.gpudata/vit_main TESTS_BOX=0 ... # the same, resumed from an earlier call's runs
+#   ... RESUME=.gpudata/vit_main RESUME_AS=docs/studies/double_descent_vit/records/main_gpu ...  # from committed records
 #
 # What a call sends is the checkout's tracked files plus what it carries, at most 64 MiB: the committed study
 # records alone are over 70 MB, so before a call take the records it does not read out of the index for its
@@ -71,8 +72,13 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   # logs/tests.log; 0: none).
   # RESUME: a folder of the checkout holding an earlier call's sweep dir with its checkpoints (carried; made here with
   # `cat ckpt_vit_main.tar.gz.* | tar xzf -` over `tar xzf records_vit_main.tar.gz`): its paths are $W/vit_main's
+  # RESUME_AS: RESUME is a committed records folder (no checkpoints: its unfinished runs start afresh), whose paths
+  # are relative to the repository: its own (RESUME_AS, e.g. docs/studies/double_descent_vit/records/main_gpu) and
+  # the dataset's (.gpudata/mnist.npz); both become this machine's, so the sweeper's recipe check sees the same study
   if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/vit_main" ]; then
     cp -a "$RESUME" "$W/vit_main" && echo "resuming $RESUME ($(ls "$RESUME"/*/summary.json | wc -l) runs)"
+    [ -n "${RESUME_AS:-}" ] && python3 -m analysis.records "$W/vit_main" --in-place --replace "$RESUME_AS=$W/vit_main" \
+      --replace ".gpudata/mnist.npz=$DATA/mnist.npz" | tail -n 1
   fi
   [ "${TESTS_BOX:-240}" -gt 0 ] && step tests "${TESTS_BOX:-240}" python3 -m pytest -p no:cacheprovider -v -rf -n 2 \
     tests/test_speed_paths.py tests/test_stacked.py &

@@ -58,10 +58,12 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         units = [[i] for i in range(len(configs))]
     cores = _cpu_count()  # the cores this process may use (a vitsweep sweeper worker is pinned to its share)
     n_procs = min(launcher.n_procs or (len(gpus) if gpus else cores), len(units))
-    threads = 0 if gpus else max(1, cores // n_procs)
+    # GPU workers too: each would otherwise start a torch thread per core, n_procs x cores threads competing for the
+    # cores that launch the kernels (torchrun sets OMP_NUM_THREADS=1 for the same reason)
+    threads = max(1, cores // n_procs)
     stacked = sum(len(u) for u in units if len(u) > 1)
     log.info(f"Launching {len(configs)} jobs on {n_procs} worker process(es) "
-             + (f"({-(-n_procs // len(gpus))} per GPU)" if gpus else f"({threads} torch thread(s) each)")
+             + (f"({-(-n_procs // len(gpus))} per GPU, " if gpus else "(") + f"{threads} torch thread(s) each)"
              + (f", {stacked} of them stacked in {sum(len(u) > 1 for u in units)} group(s)" if stacked else "")
              + f"; worker logs in {log_dir}")
     note = gpu_sharing_note(n_procs, gpus)
