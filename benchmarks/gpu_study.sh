@@ -7,7 +7,7 @@
 #   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
 #   MODE=vit_main PROCS=16 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh  # the ViT double descent's main run
 #   MODE=vit_main RESUME=.gpudata/vit_main TESTS_BOX=0 ... # the same, resumed from an earlier call's runs
-#   ... RESUME=.gpudata/vit_main RESUME_AS=docs/studies/double_descent_vit/records/main_gpu ...  # from committed records
+#   ... RESUME=.gpudata/vit_main RESUME_AS=docs/studies/double_descent_vit/records/main_gpu  # from committed records
 #
 # What a call sends is the checkout's tracked files plus what it carries, at most 64 MiB: the committed study
 # records alone are over 70 MB, so before a call take the records it does not read out of the index for its
@@ -67,14 +67,17 @@ echo "cpus $(nproc)"
 if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared main run (scale cpu: 96 runs, 20% noise)
   # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
   # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it, and
-  # the unfinished runs' checkpoints come back as ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
+  # every run's checkpoint comes back in ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
   # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes, each result named in
   # logs/tests.log; 0: none).
   # RESUME: a folder of the checkout holding an earlier call's sweep dir with its checkpoints (carried; made here with
   # `cat ckpt_vit_main.tar.gz.* | tar xzf -` over `tar xzf records_vit_main.tar.gz`): its paths are $W/vit_main's
-  # RESUME_AS: RESUME is a committed records folder (no checkpoints: its unfinished runs start afresh), whose paths
-  # are relative to the repository: its own (RESUME_AS, e.g. docs/studies/double_descent_vit/records/main_gpu) and
-  # the dataset's (.gpudata/mnist.npz); both become this machine's, so the sweeper's recipe check sees the same study
+  # RESUME_AS: RESUME is a committed records folder (the committed checkpoints untarred into it, if any: a run without
+  # one starts afresh) whose paths are relative to the repository: its own (RESUME_AS, e.g.
+  # docs/studies/double_descent_vit/records/main_gpu) and the dataset's (.gpudata/mnist.npz). Both become this
+  # machine's, so the sweeper's recipe check sees the same study (the checkpoints name the dataset's absolute path:
+  # the device's checkout has been at /work/main, as here). Only for records never rewritten before (a relative
+  # .gpudata/mnist.npz); a second call on the warm machine keeps $W/vit_main as it is.
   if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/vit_main" ]; then
     cp -a "$RESUME" "$W/vit_main" && echo "resuming $RESUME ($(ls "$RESUME"/*/summary.json | wc -l) runs)"
     [ -n "${RESUME_AS:-}" ] && python3 -m analysis.records "$W/vit_main" --in-place --replace "$RESUME_AS=$W/vit_main" \
@@ -85,11 +88,12 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   step vit_main $(( $(left) - 110 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
     "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
   wait
-  # the checkpoints of the runs a later call resumes: stopped (`interrupted`) or never summarised
+  # every run's checkpoint, finished runs' too: a stacked group tells the sweeper its members' results only when the
+  # whole group ends, so a stop fails the trials of members that had finished while another trained on; resumed,
+  # such a run returns its result from its final checkpoint, and without it trains again from scratch (11 dim-20 runs
+  # of 2026-11-27 04:47 whose final checkpoints were not packed)
   rm -f "$OUT"/ckpt_vit_main.tar.gz.*
-  (cd "$W" && for r in vit_main/*/; do
-    if [ ! -f "$r/summary.json" ] || grep -qs '"stop_reason": "interrupted"' "$r/summary.json"; then
-      [ -f "${r}checkpoint.pt" ] && printf '%s\n' "${r}checkpoint.pt"; fi; done) >"$LOG/resumable.txt"
+  (cd "$W" && ls vit_main/*/checkpoint.pt 2>/dev/null) >"$LOG/resumable.txt"
   [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" vit_main/.launcher \
     | split -b 15M - "$OUT/ckpt_vit_main.tar.gz."
   python3 -m analysis.design test "$W/vit_main" --pilot docs/studies/double_descent_vit/records/pilot_gpu \

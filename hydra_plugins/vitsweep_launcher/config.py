@@ -12,9 +12,9 @@ from hydra.core.config_store import ConfigStore
 @dataclass
 class VectorizedLauncherConf:
     _target_: str = "hydra_plugins.vitsweep_launcher.launcher.VectorizedLauncher"
-    # Worker processes pulling jobs as they free up. null = one per CPU core (each with cores // n_procs
-    # torch threads; cores are shared out among the vitsweep sweeper's n_workers), or one per visible GPU
-    # when the jobs train on CUDA. Never more than the jobs.
+    # Worker processes pulling jobs as they free up. null = one per CPU core, or one per visible GPU when the
+    # jobs train on CUDA; each takes cores // n_procs torch threads, on CUDA too (cores are shared out among the
+    # vitsweep sweeper's n_workers). Never more than the jobs.
     n_procs: int | None = None
     # Train jobs that differ only in member keys (seed, label_noise, optimizer.lr, optimizer.weight_decay)
     # as one stacked model (torch.func.vmap): auto = on CUDA only (on CPU it measured no faster),
