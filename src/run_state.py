@@ -11,6 +11,7 @@ import contextlib
 import copy
 import logging
 import math
+import platform
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -237,6 +238,7 @@ class RunState:
             "steps_per_epoch": len(self.train_loader),  # the schedule's horizon under other limits (check_extension)
             "precision": self.info["precision"],  # what `auto` chose: a resumed run keeps it
             "attention": self.info.get("attention"),  # likewise model.attention=auto's path
+            "machines": self.info["machines"],  # every machine this run has trained on, in order
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -259,6 +261,8 @@ class RunState:
         if state.get("attention") and state["attention"] != self.info.get("attention"):  # auto chose otherwise now
             self.info["attention"] = state["attention"]
             self.model.set_attention_path(state["attention"])
+        before = list(state.get("machines") or [])  # a checkpoint written before machines were recorded: none
+        self.info["machines"] = before + [m for m in self.info["machines"] if m not in before]
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
 
@@ -295,10 +299,28 @@ def build_loaders(cfg: Mapping[str, Any], data: DataSplits, y_clean: torch.Tenso
     return train_loader, eval_loaders, clean
 
 
+def machine_name(device: torch.device) -> str:
+    """What trains on ``device``, as a summary names it: the GPU's name, or the CPU's model name with its family and
+    model numbers (the CPU changes between sessions of one study; two CPUs of one name can be other cores)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
                   device: torch.device, precision: str, objective: str, chance: float,
                   run_dir: str | Path | None = None) -> dict[str, Any]:
-    info = {"params": params, "device": str(device), "precision": precision, "seed": int(cfg["seed"]),
+    info = {"params": params, "device": str(device), "machines": [machine_name(device)], "precision": precision,
+            "seed": int(cfg["seed"]),
             "model": cfg["model"]["_target_"].rsplit(".", 1)[-1], "dataset": cfg["dataset"]["name"],
             "n_train": len(data.y_train), "noisy_label_fraction": flipped.float().mean().item(),
             "objective_name": objective, "objective_direction": objective_direction(objective),

@@ -301,3 +301,23 @@ def test_a_corrupt_checkpoint_with_no_previous_one_warns_and_starts_afresh(tiny_
     assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2]
     (previous,) = tmp_path.glob("previous-*")
     assert (previous / CHECKPOINT).read_bytes().startswith(b"PK") and (previous / "summary.json").is_file()
+
+
+def test_a_summary_names_every_machine_its_run_trained_on(tiny_cfg, tmp_path):
+    """A study grid resumed across sessions trains on whatever CPU or GPU each session has (2026-11-27: an AMD
+    EPYC, then an Intel Xeon with AMX, for one CPU grid); each run's summary says which machines trained it, in
+    order, kept across resumes by its checkpoint."""
+    from src.checkpoint import load_checkpoint, save_checkpoint
+    from src.run_state import machine_name
+
+    over = ["trainer.checkpoint=true", "model=cnn", "model.width=2", "scheduler=constant"]
+    first = train(tiny_cfg(*over, "trainer.max_epochs=2"), tmp_path)
+    here = machine_name(torch.device("cpu"))
+    assert first["machines"] == [here] and here.strip()
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert ckpt["machines"] == [here]
+    ckpt["machines"] = ["Another CPU (family 25 model 17)"]  # as if the first sitting ran elsewhere
+    save_checkpoint(tmp_path, ckpt)
+    resumed = train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path)
+    assert resumed["epochs"] == 3 and resumed["machines"] == ["Another CPU (family 25 model 17)", here]
+    assert summary_of(tmp_path)["machines"] == resumed["machines"]
