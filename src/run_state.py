@@ -306,7 +306,7 @@ def machine_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
             key, _, value = line.partition(":")
             if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
                 fields[key.strip()] = value.strip()

@@ -165,5 +165,5 @@ def write_run(root: Path, num: int, config: dict, summary: dict | None, metrics:
 
 SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_loss", "train_error", "test_loss",
                 "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
-                "noisy_label_fraction", "device", "precision", "seed", "lr_at_stop", "base_lr", "low_lr_stop",
-                "stalled", "collapsed", "best_train_error"}
+                "noisy_label_fraction", "device", "machines", "precision", "seed", "lr_at_stop", "base_lr",
+                "low_lr_stop", "stalled", "collapsed", "best_train_error"}
