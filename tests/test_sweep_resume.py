@@ -146,7 +146,10 @@ def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(t
     assert handed and all("interrupted" in t.user_attrs["error"] for t in handed), out[-3000:]
     assert len(study.get_trials(states=(TrialState.WAITING,))) == len(handed)
     saved = [sweep_dir / str(t.number) for t in handed if (sweep_dir / str(t.number) / "summary.json").is_file()]
-    assert saved, "no run stopped with its records (the one training had two epochs)"
+    listing = {d.name: sorted(p.name for p in d.iterdir()) for d in sweep_dir.glob("[0-9]*")}
+    # one failure in about 20 quiet runs (2026-11-27, a fresh clone on an Intel Xeon): neither handed-back trial's dir
+    # had a summary; not reproduced in 13 runs since, so the message keeps what a next failure needs to be explained
+    assert saved, f"no run stopped with its records (the one training had two epochs): {listing}\n{out[-3000:]}"
     for run_dir in saved:  # a job stopped before its training began has no records yet
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["status"] != "completed" and (run_dir / "checkpoint.pt").is_file(), summary
