@@ -15,6 +15,7 @@ folder makes the next runs measure again (e.g. after a hardware change the key d
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -36,14 +37,22 @@ def enabled() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
 
 
+@functools.cache
+def cpu_fields() -> dict[str, str]:
+    """The first processor's ``model name``, ``cpu family`` and ``model`` from /proc/cpuinfo (empty where there is
+    none), read once a process."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    return fields
+
+
 def machine(device: torch.device) -> dict[str, Any]:
     """What makes a timing belong to this machine: the processor (or GPU), torch, and the CPU threads."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_fields().get("model name") or platform.processor() or platform.machine()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"cpu": cpu, "gpu": gpu, "torch": torch.__version__, "threads": torch.get_num_threads()}
 

@@ -304,12 +304,7 @@ def machine_name(device: torch.device) -> str:
     model numbers (the CPU changes between sessions of one study; two CPUs of one name can be other cores)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
+    fields = probe_cache.cpu_fields()
     name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']} model {fields['model']})"
