@@ -288,3 +288,30 @@ def test_every_file_under_committed_records_is_tracked_by_git():
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     hidden = [p for p in out if "__pycache__" not in p]
     assert hidden == [], f"ignored by .gitignore, so absent from a clean clone (git add -f them): {hidden[:5]}"
+
+
+VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "inconclusive", "not run")
+
+
+def test_every_verdict_is_one_of_the_declared_words_and_not_reproduced_states_its_power():
+    """The rule every report and the README state (issue 26): a verdict is reproduced, not reproduced or inconclusive;
+    "not reproduced" only where the design's smallest detectable effect is below the published one, so it says
+    "with power". Found in the README's table: patch_size (one seed, 28 steps) and tune_vit (no published figure)
+    read "not reproduced" with no power behind them. A report's "Verdict (then)" row is a superseded one."""
+    readme = (STUDIES.parents[1] / "README.md").read_text()
+    table = readme.split("| study | published | ours | scale | verdict | report |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.strip("|").split(" | ") for line in table.splitlines()[2:] if line.startswith("|")]
+    assert len(rows) >= 10, table
+    verdicts = [(cells[0], cells[-2]) for cells in rows]
+    for study in sorted(p for p in STUDIES.iterdir() if p.is_dir()):
+        for line in (study / "report.md").read_text().splitlines():
+            head, _, rest = line.partition(" | ")
+            if head.startswith("| **Verdict") and "(then)" not in head:
+                verdicts.append((f"{study.name}/report.md", rest))
+    for source, text in verdicts:
+        words = text.replace("*", "").strip().lower()
+        word = next((v for v in sorted(VERDICTS, key=len, reverse=True) if words.startswith(v)), None)
+        assert word is not None, f"{source}: the verdict {words[:80]!r} starts with none of {VERDICTS}"
+        if word == "not reproduced":
+            assert "with power" in words or "with the power" in words, \
+                f"{source}: 'not reproduced' without the power that allows it: {words[:200]!r}"
