@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +222,10 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
     return stopped
 
 
-def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None]) -> dict[int, dict]:
-    """Train the set-up members together until each stops; returns each member's summary."""
+def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None],
+                on_done: Callable[[int, dict], None] | None = None) -> dict[int, dict]:
+    """Train the set-up members together until each stops; returns each member's summary. ``on_done(k, summary)``
+    as each member stops for good (not when a stop signal interrupts them all)."""
     stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
     members = {k: _Member(s, until_stopped(reporters.get(k), stop)) for k, s in states.items()}
     summaries: dict[int, dict] = {}
@@ -243,6 +245,8 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
                 stack.release()
                 for k, reason in stopped.items():
                     summaries[k] = finish(members.pop(k).state, reason)
+                    if on_done is not None and not interrupted:
+                        on_done(k, summaries[k])
                 if interrupted:
                     raise RunInterrupted(stop.signum, summaries)
                 if members:
@@ -300,30 +304,33 @@ def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
 
 
 def train_stacked(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
-                  reporters: Sequence[Reporter | None], sweep_dir: str | Path | None = None) -> list[Any]:
+                  reporters: Sequence[Reporter | None], sweep_dir: str | Path | None = None,
+                  on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
     """The vectorized launcher's entry (declared by ``src/train.py``): ``train_members``, then per run what a
     single run's task returns (``src.train.objective_of``: its objective, or ``optuna.TrialPruned`` for a pruned
-    trial) or the exception that ended it."""
+    trial) or the exception that ended it. ``on_done(k, that)`` as each member ends for good, before the group does
+    (the launcher tells its sweeper then, so a stop of the group hands back only the members still training)."""
+    def result_of(k: int, result: dict | BaseException) -> Any:
+        if isinstance(result, BaseException):
+            return result
+        try:
+            return objective_of(result, in_trial=reporters[k] is not None)
+        except Exception as e:  # noqa: BLE001 - optuna.TrialPruned: the member's JobReturn carries it
+            return e
+
     from src.train import objective_of
 
-    out: list[Any] = []
-    for result, reporter in zip(train_members(cfgs, run_dirs, reporters, sweep_dir), reporters, strict=True):
-        if isinstance(result, BaseException):
-            out.append(result)
-            continue
-        try:
-            out.append(objective_of(result, in_trial=reporter is not None))
-        except Exception as e:  # noqa: BLE001 - optuna.TrialPruned: the member's JobReturn carries it
-            out.append(e)
-    return out
+    done = None if on_done is None else (lambda k, result: on_done(k, result_of(k, result)))
+    return [result_of(k, r) for k, r in enumerate(train_members(cfgs, run_dirs, reporters, sweep_dir, done))]
 
 
 def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
-                  reporters: Sequence[Reporter | None] | None = None,
-                  sweep_dir: str | Path | None = None) -> list[dict | BaseException]:
+                  reporters: Sequence[Reporter | None] | None = None, sweep_dir: str | Path | None = None,
+                  on_done: Callable[[int, dict], None] | None = None) -> list[dict | BaseException]:
     """Train runs that ``plan_groups`` put together as one stacked model, each into its own run dir (and its own
     tracker run, ``logger=``; ``sweep_dir`` as in ``src.trainer.train``). Returns per run its summary dict (as
-    ``src.trainer.train``) or the exception that ended it."""
+    ``src.trainer.train``) or the exception that ended it; ``on_done(k, summary)`` as each run ends for good (at once
+    for a run that had finished before)."""
     reporters = reporters or [None] * len(cfgs)
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
@@ -333,21 +340,22 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             check_config(cfg)
             run_dir = writable_run_dir(run_dir)
             found, done = prepare_resume(cfg, run_dir)
-            if done is not None:
-                results[k] = done
-                continue
-            state = resume(cfg, run_dir, found)
-            start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
-            if already_stopped(state):
-                results[k] = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
-                continue
-            states[k] = state
+            if done is None:
+                state = resume(cfg, run_dir, found)
+                start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
+                if not already_stopped(state):
+                    states[k] = state
+                    continue
+                done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
+            results[k] = done
+            if on_done is not None:
+                on_done(k, done)
         except Exception as e:  # this member fails alone
             results[k] = e
     for part in fitting_parts(states) if states else []:
         members = {k: states[k] for k in part}
         try:
-            results_by_member = run_members(members, {k: reporters[k] for k in part})
+            results_by_member = run_members(members, {k: reporters[k] for k in part}, on_done)
         except Exception as e:  # the stacked step itself failed: every member still training records it
             for k, s in members.items():
                 if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():

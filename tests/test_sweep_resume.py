@@ -195,3 +195,47 @@ def test_sigterm_to_the_whole_process_group_saves_each_running_run_and_starts_no
     assert handed.state == TrialState.FAIL and handed.datetime_complete.timestamp() >= saved, \
         "the sweep handed the trial back before its run had saved"
     assert took < 30, f"the sweep took {took:.0f} s to stop"
+
+
+def test_a_stop_tells_the_stacked_members_that_had_finished_and_hands_back_only_the_rest(tmp_path):
+    """Found on a lent H100 (the ViT double descent, 2026-11-27): a stacked group told the sweeper its members' results
+    only when the whole group ended, so a stop while its last member trained handed back the trials of the 11 members
+    that had already converged; their final checkpoints were not kept, and all 11 trained again from scratch. A member
+    that has finished is told as it finishes: a stop hands back only the members still training."""
+    from tests.conftest import TINY
+
+    cnn = ["model=cnn", "model.width=4", *[o for o in TINY if not o.startswith(("model.", "trainer.max_epochs"))],
+           "dataset=digits", "dataset.n_train=300", "trainer.checkpoint=true", "trainer.max_epochs=100000",
+           "trainer.converge_epochs=2", "scheduler=constant"]
+    cmd = [sys.executable, "-m", "src.train", "-m", *cnn, "optimizer.lr=choice(0.0,0.003)", "label_noise=p20",
+           "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=2",
+           "hydra.sweeper.study_name=s", "hydra/launcher=vectorized", "hydra.launcher.stack=always",
+           "hydra.launcher.n_procs=1", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+    def frozen_member_ended() -> bool:  # lr 0: its train error never moves, so it stops at epoch 3
+        for summary in tmp_path.glob("[0-9]*/summary.json"):
+            s = json.loads(summary.read_text())
+            if s["base_lr"] == 0.0 and s["stop_reason"] != "interrupted":
+                return True
+        return False
+
+    try:
+        wait_for(frozen_member_ended, timeout=120, what="the lr-0 member to stop", proc=proc)
+        wait_for(lambda: len(rows(tmp_path / "0")) + len(rows(tmp_path / "1")) >= 8, timeout=60,
+                 what="the other member's next epoch", proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    by_lr = {t.params["optimizer.lr"]: t for t in study.trials if t.state != TrialState.WAITING}
+    ended, training = by_lr[0.0], by_lr[0.003]
+    summaries = {lr: json.loads((tmp_path / str(t.number) / "summary.json").read_text()) for lr, t in by_lr.items()}
+    assert summaries[0.003]["stop_reason"] == "interrupted", summaries[0.003]  # it was still training at the stop
+    assert ended.state == TrialState.COMPLETE and ended.value == summaries[0.0]["objective"], out[-3000:]
+    assert training.state == TrialState.FAIL and "interrupted" in training.user_attrs["error"], out[-3000:]
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))  # only the member still training is run again
+    assert retry.system_attrs["fixed_params"] == training.params

@@ -52,6 +52,7 @@ class VectorizedLauncher(Launcher):
         # set by a sweeper that runs a batch under given Hydra job numbers (vitsweep's retries keep their original
         # trials' numbers, so their run dirs, and need not be consecutive); None: initial_job_idx + i
         self.job_numbers: list[int] | None = None
+        self.ended: Any = None  # during a launch: its jobs as they end (pool.Ended)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -73,8 +74,12 @@ class VectorizedLauncher(Launcher):
         except BaseException:
             if self.pool is not None:  # a broken or interrupted pool is not reused
                 _stop_pool(self.pool[2])
+                if self.ended is not None:  # stacked members that ended before the stop: told, not handed back
+                    self.ended.drain(self.pool[2])
                 self.pool = None
             raise
+        finally:
+            self.ended = None
 
 
 STOP_GRACE_S = 60.0  # seconds a stopped pool's workers get to save their runs and exit before SIGKILL

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -71,17 +71,60 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         log.warning(note)
     results: dict[int, JobReturn] = {}
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
-    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, notify,
+    # members of stacked groups that end before their group: the launcher's stop path tells them too (launcher.py)
+    launcher.ended = Ended(configs, numbers, results, notify)
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, launcher.ended,
                        threads=threads, stacker=stacker)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
-        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results, notify,
-                           threads=threads, stacker=stacker)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results,
+                           launcher.ended, threads=threads, stacker=stacker)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, notify, final=True,
-                  threads=threads, stacker=stacker)
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, launcher.ended,
+                  final=True, threads=threads, stacker=stacker)
+    launcher.ended = None
     return [results[num] for num in numbers]
+
+
+class Ended:
+    """The batch's jobs as they end: each is logged and told to the sweeper (``notify(job number, JobReturn)``)
+    once. A stacked group's unit returns when its last member ends; a member that ends before (converged, stalled,
+    pruned) is reported at once by its worker through the pool's ``ended`` queue (``_member_ended``), so a stop of
+    the sweep hands back only the members still training (found on a lent H100: 11 converged members of a group
+    whose 12th was stopped were handed back, and trained again)."""
+
+    def __init__(self, configs: "JobConfigs", numbers: list[int], results: dict[int, JobReturn], notify: Any):
+        self.configs, self.results, self.notify = configs, results, notify
+        self.position = {num: i for i, num in enumerate(numbers)}
+        self.early: set[int] = set()  # job numbers reported before their unit returned
+
+    def job(self, idx: int, ret: JobReturn, seconds: float, slot: int) -> None:
+        """A job of a unit that returned (or failed with its worker)."""
+        self.results[idx] = ret
+        if idx not in self.early:
+            self._tell(idx, ret, seconds, slot)
+
+    def drain(self, pool: ProcessPoolExecutor) -> None:
+        """Report the members that the pool's workers have said ended, as a job of their own."""
+        queue = getattr(pool, "vitsweep_ended", None)
+        while queue is not None and not queue.empty():
+            idx, value, run_dir, seconds, slot = queue.get()
+            if idx in self.results or idx not in self.position:
+                continue
+            cfg = self.configs[self.position[idx]]
+            ret = JobReturn(overrides=list(cfg.hydra.overrides.task), working_dir=run_dir, task_name=cfg.hydra.job.name,
+                            hydra_cfg=OmegaConf.create({"hydra": {"runtime": {"output_dir": run_dir}}}))
+            ret.return_value = value
+            ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+            self.early.add(idx)
+            self.results[idx] = ret
+            self._tell(idx, ret, seconds, slot)
+
+    def _tell(self, idx: int, ret: JobReturn, seconds: float, slot: int) -> None:
+        _log_finished(ret, idx, seconds, slot, len(self.results), len(self.configs))
+        if self.notify is not None:
+            self.notify(idx, ret)
 
 
 class JobConfigs:
@@ -196,37 +239,47 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     slots = ctx.Queue()
     for k in range(n_procs):
         slots.put(k)
+    # members of stacked groups that ended before their group (``Ended``): a few small tuples, written by the workers
+    # at once (no feeder thread that a worker's ``os._exit`` could cut short)
+    ended = ctx.SimpleQueue()
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
                                initargs=(os.getpid(), method, slots, payload, threads, gpus, log_dir,
-                                         -(-n_procs // max(1, len(gpus)))))
+                                         -(-n_procs // max(1, len(gpus))), ended))
+    pool.vitsweep_ended = ended
     launcher.pool = (key, n_procs, pool)
     return pool
 
 
 def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequence[DictConfig],
-              results: dict[int, JobReturn], notify: Any = None, final: bool = False,
+              results: dict[int, JobReturn], ended: Ended, final: bool = False,
               threads: int = 0, stacker: str | None = None) -> list[list[int]]:
-    """Run the units, filling ``results`` by job number and calling ``notify(job number, JobReturn)`` as each
-    job ends (not when the whole batch has); returns the units lost to a dead worker (their jobs fail with
-    that error when ``final``)."""
+    """Run the units, filling ``results`` by job number and reporting each job to ``ended`` as it ends (not when
+    the whole batch has; a stacked member when it ends, not when its group does); returns the units lost to a dead
+    worker (their jobs fail with that error when ``final``)."""
     broken = []
     futures = {pool.submit(_run_unit, [configs[i] for i in unit], threads, stacker): unit for unit in units}
-    for fut in as_completed(futures):
-        try:
-            done = fut.result()
-        except Exception as e:  # a worker died (killed, out of memory), or the unit failed outside its jobs
-            if isinstance(e, BrokenProcessPool) and not final:
-                broken.append(futures[fut])
-                continue
-            exc = RuntimeError(f"worker process died: {e}") if isinstance(e, BrokenProcessPool) else e
-            done = [(configs[i].hydra.job.num, _failed(exc), 0.0, -1) for i in futures[fut]]
-        for idx, ret, seconds, slot in done:
-            results[idx] = ret
-            _log_finished(ret, idx, seconds, slot, len(results), len(configs))
-            if notify is not None:
-                notify(idx, ret)
-    return broken
+    pending = set(futures)
+    while pending:
+        finished, pending = wait(pending, timeout=ENDED_POLL_S, return_when=FIRST_COMPLETED)
+        ended.drain(pool)
+        for fut in finished:
+            try:
+                done = fut.result()
+            except Exception as e:  # a worker died (killed, out of memory), or the unit failed outside its jobs
+                if isinstance(e, BrokenProcessPool) and not final:
+                    broken.append([i for i in futures[fut] if configs[i].hydra.job.num not in ended.early])
+                    continue
+                exc = RuntimeError(f"worker process died: {e}") if isinstance(e, BrokenProcessPool) else e
+                done = [(configs[i].hydra.job.num, _failed(exc), 0.0, -1) for i in futures[fut]]
+            for idx, ret, seconds, slot in done:
+                if idx in ended.early and ret.status == JobStatus.FAILED:
+                    continue  # it ended before its group failed: its result stands
+                ended.job(idx, ret, seconds, slot)
+    return [unit for unit in broken if unit]
+
+
+ENDED_POLL_S = 0.5  # how often the launching process looks for stacked members that ended before their group
 
 
 def _log_finished(ret: JobReturn, idx: int, seconds: float, slot: int, n_done: int, n_all: int) -> None:
@@ -318,7 +371,7 @@ def _orphaned() -> None:
 
 
 def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: int, gpus: list[str],
-                 log_dir: str, share: int) -> None:
+                 log_dir: str, share: int, ended: Any = None) -> None:
     exit_without_teardown()
     if method == "forkserver":
         # a forked worker ends with os._exit after its last task, skipping exit handlers: run them then, as a
@@ -346,7 +399,7 @@ def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: 
     hydra_context, task_function, state = cloudpickle.loads(payload)
     setup_globals()
     Singleton.set_state(state)
-    _WORKER.update(slot=slot, hydra_context=hydra_context, task_function=task_function)
+    _WORKER.update(slot=slot, hydra_context=hydra_context, task_function=task_function, ended=ended)
     gc.freeze()  # what the worker loaded lives as long as it does: its jobs' collections skip it (fork_server.py)
     print(f"worker {slot} (pid {os.getpid()}): {threads or 'default'} torch thread(s)"
           + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
@@ -369,7 +422,8 @@ def _run_unit(configs: list[DictConfig], threads: int = 0,
             from .members import run_member_jobs
 
             print(f"stacked group: jobs {[int(c.hydra.job.num) for c in configs]}", flush=True)
-            rets = run_member_jobs(configs, _WORKER["hydra_context"], stacker)
+            rets = run_member_jobs(configs, _WORKER["hydra_context"], stacker,
+                                   on_member_done=lambda idx, value, run_dir: _member_ended(idx, value, run_dir, start))
         seconds = time.perf_counter() - start
         out = []
         for cfg, ret in zip(configs, rets, strict=True):
@@ -384,6 +438,19 @@ def _run_unit(configs: list[DictConfig], threads: int = 0,
         raise
     finally:
         _exit_if("orphaned")  # the running job has saved and stopped: end before another starts
+
+
+def _member_ended(idx: int, value: Any, run_dir: str, start: float) -> None:
+    """Tell the launching process that stacked job ``idx`` ended (``value``: what it returns, or its exception), while
+    its group trains on. Never fails the group: a launching process that cannot hear it still gets it at the end."""
+    queue = _WORKER.get("ended")
+    if queue is None:
+        return
+    try:
+        queue.put((idx, _picklable(value) if isinstance(value, BaseException) else value, run_dir,
+                   time.perf_counter() - start, _WORKER["slot"]))
+    except Exception as e:  # noqa: BLE001 - the group's own result still reports this member
+        print(f"job #{idx} ended; telling the launching process failed ({type(e).__name__}: {e})", flush=True)
 
 
 def _exit_if(*flags: str) -> None:
