@@ -245,13 +245,23 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
                 stack.release()
                 for k, reason in stopped.items():
                     summaries[k] = finish(members.pop(k).state, reason)
-                    if on_done is not None and not interrupted:
-                        on_done(k, summaries[k])
+                    if not interrupted:
+                        _report(on_done, k, summaries[k])
                 if interrupted:
                     raise RunInterrupted(stop.signum, summaries)
                 if members:
                     stack = MemberStack([m.state for m in members.values()])
     return summaries
+
+
+def _report(on_done: Callable[[int, dict], None] | None, k: int, summary: dict) -> None:
+    """``on_done(k, summary)``, whose failure is logged and never fails the member or the group."""
+    if on_done is None:
+        return
+    try:
+        on_done(k, summary)
+    except Exception as e:  # noqa: BLE001 - the group's result still carries this member's
+        log.warning(f"reporting member {k}'s end failed ({type(e).__name__}: {e})")
 
 
 def member_bytes(state: RunState) -> int:
@@ -348,8 +358,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                     continue
                 done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
             results[k] = done
-            if on_done is not None:
-                on_done(k, done)
+            _report(on_done, k, done)
         except Exception as e:  # this member fails alone
             results[k] = e
     for part in fitting_parts(states) if states else []:

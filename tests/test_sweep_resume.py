@@ -207,7 +207,7 @@ def test_a_stop_tells_the_stacked_members_that_had_finished_and_hands_back_only_
     cnn = ["model=cnn", "model.width=4", *[o for o in TINY if not o.startswith(("model.", "trainer.max_epochs"))],
            "dataset=digits", "dataset.n_train=300", "trainer.checkpoint=true", "trainer.max_epochs=100000",
            "trainer.converge_epochs=2", "scheduler=constant"]
-    cmd = [sys.executable, "-m", "src.train", "-m", *cnn, "optimizer.lr=choice(0.0,0.003)", "label_noise=p20",
+    cmd = [sys.executable, "-m", "src.train", "-m", *cnn, "optimizer.lr=choice(0.0,0.01)", "label_noise=p20",
            "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=2",
            "hydra.sweeper.study_name=s", "hydra/launcher=vectorized", "hydra.launcher.stack=always",
            "hydra.launcher.n_procs=1", f"hydra.sweep.dir={tmp_path}"]
@@ -221,10 +221,8 @@ def test_a_stop_tells_the_stacked_members_that_had_finished_and_hands_back_only_
                 return True
         return False
 
-    try:
+    try:  # the stop comes at once: the launching process may not have read the member's end before it (every 0.5 s)
         wait_for(frozen_member_ended, timeout=120, what="the lr-0 member to stop", proc=proc)
-        wait_for(lambda: len(rows(tmp_path / "0")) + len(rows(tmp_path / "1")) >= 8, timeout=60,
-                 what="the other member's next epoch", proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -232,9 +230,9 @@ def test_a_stop_tells_the_stacked_members_that_had_finished_and_hands_back_only_
     assert proc.returncode == 143, out[-3000:]
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
     by_lr = {t.params["optimizer.lr"]: t for t in study.trials if t.state != TrialState.WAITING}
-    ended, training = by_lr[0.0], by_lr[0.003]
+    ended, training = by_lr[0.0], by_lr[0.01]
     summaries = {lr: json.loads((tmp_path / str(t.number) / "summary.json").read_text()) for lr, t in by_lr.items()}
-    assert summaries[0.003]["stop_reason"] == "interrupted", summaries[0.003]  # it was still training at the stop
+    assert summaries[0.01]["stop_reason"] == "interrupted", summaries[0.01]  # it was still training at the stop
     assert ended.state == TrialState.COMPLETE and ended.value == summaries[0.0]["objective"], out[-3000:]
     assert training.state == TrialState.FAIL and "interrupted" in training.user_attrs["error"], out[-3000:]
     (retry,) = study.get_trials(states=(TrialState.WAITING,))  # only the member still training is run again

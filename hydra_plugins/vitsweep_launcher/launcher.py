@@ -72,11 +72,15 @@ class VectorizedLauncher(Launcher):
         try:
             return launch(self, job_overrides, initial_job_idx)
         except BaseException:
-            if self.pool is not None:  # a broken or interrupted pool is not reused
-                _stop_pool(self.pool[2])
-                if self.ended is not None:  # stacked members that ended before the stop: told, not handed back
-                    self.ended.drain(self.pool[2])
-                self.pool = None
+            pool, self.pool = self.pool, None  # a broken or interrupted pool is not reused
+            if pool is not None:
+                # stacked members that ended before the stop are told, not handed back: before the workers' wait (a
+                # second Ctrl-C may cut it short) and after it (a member that ended in the step the signal came)
+                if self.ended is not None:
+                    self.ended.on_stop(pool[2])
+                _stop_pool(pool[2])
+                if self.ended is not None:
+                    self.ended.on_stop(pool[2])
             raise
         finally:
             self.ended = None

@@ -90,7 +90,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
 class Ended:
     """The batch's jobs as they end: each is logged and told to the sweeper (``notify(job number, JobReturn)``)
     once. A stacked group's unit returns when its last member ends; a member that ends before (converged, stalled,
-    pruned) is reported at once by its worker through the pool's ``ended`` queue (``_member_ended``), so a stop of
+    pruned) is reported at once by its worker through the pool's ``ended`` pipe (``_member_ended``), so a stop of
     the sweep hands back only the members still training (found on a lent H100: 11 converged members of a group
     whose 12th was stopped were handed back, and trained again)."""
 
@@ -98,6 +98,7 @@ class Ended:
         self.configs, self.results, self.notify = configs, results, notify
         self.position = {num: i for i, num in enumerate(numbers)}
         self.early: set[int] = set()  # job numbers reported before their unit returned
+        self.told: set[int] = set()  # job numbers whose notify returned (a stop signal can cut one short)
 
     def job(self, idx: int, ret: JobReturn, seconds: float, slot: int) -> None:
         """A job of a unit that returned (or failed with its worker)."""
@@ -106,10 +107,10 @@ class Ended:
             self._tell(idx, ret, seconds, slot)
 
     def drain(self, pool: ProcessPoolExecutor) -> None:
-        """Report the members that the pool's workers have said ended, as a job of their own."""
-        queue = getattr(pool, "vitsweep_ended", None)
-        while queue is not None and not queue.empty():
-            idx, value, run_dir, seconds, slot = queue.get()
+        """Report the members that the pool's workers have said ended, each as a job of its own."""
+        reader = getattr(pool, "vitsweep_ended", None)
+        while reader is not None and reader.poll():
+            idx, value, run_dir, seconds, slot = reader.recv()
             if idx in self.results or idx not in self.position:
                 continue
             cfg = self.configs[self.position[idx]]
@@ -121,10 +122,25 @@ class Ended:
             self.results[idx] = ret
             self._tell(idx, ret, seconds, slot)
 
+    def on_stop(self, pool: ProcessPoolExecutor) -> None:
+        """The launch is stopping (a signal, or a failure): tell what ended and is not told yet, before the sweeper
+        hands the batch's trials back. Never raises: the stop itself must reach the sweeper."""
+        try:
+            self.drain(pool)
+        except Exception as e:  # noqa: BLE001 - an unreadable entry: that member is handed back, and its retry resumes
+            log.warning(f"reading the stacked members that ended failed ({type(e).__name__}: {e})")
+        for idx in sorted(self.early - self.told):  # read, but a signal cut its tell short
+            try:
+                self.notify is not None and self.notify(idx, self.results[idx])
+                self.told.add(idx)
+            except Exception as e:  # noqa: BLE001
+                log.warning(f"telling job #{idx} failed ({type(e).__name__}: {e}); it is handed back")
+
     def _tell(self, idx: int, ret: JobReturn, seconds: float, slot: int) -> None:
         _log_finished(ret, idx, seconds, slot, len(self.results), len(self.configs))
         if self.notify is not None:
             self.notify(idx, ret)
+        self.told.add(idx)
 
 
 class JobConfigs:
@@ -228,8 +244,8 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     workers' start-up once) unless it has fewer workers than this batch needs."""
     key = (tuple(gpus), log_dir)
     old = getattr(launcher, "pool", None)
-    if old is not None and old[0] == key and old[1] >= n_procs:
-        return old[2]
+    if old is not None and old[0] == key and old[1] >= n_procs and not getattr(old[2], "_broken", False):
+        return old[2]  # (a pool whose last job killed its worker is broken: never reused)
     if old is not None:
         old[2].shutdown()
     method = start_method(gpus, getattr(launcher, "start_method", "auto"))
@@ -239,14 +255,15 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     slots = ctx.Queue()
     for k in range(n_procs):
         slots.put(k)
-    # members of stacked groups that ended before their group (``Ended``): a few small tuples, written by the workers
-    # at once (no feeder thread that a worker's ``os._exit`` could cut short)
-    ended = ctx.SimpleQueue()
+    # members of stacked groups that ended before their group (``Ended``): small messages that each worker writes at
+    # once, in one write below the pipe's atomic size, so no lock (that a worker killed mid-write would keep) and no
+    # feeder thread (that a worker's ``os._exit`` would cut short)
+    reader, writer = ctx.Pipe(duplex=False)
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
                                initargs=(os.getpid(), method, slots, payload, threads, gpus, log_dir,
-                                         -(-n_procs // max(1, len(gpus))), ended))
-    pool.vitsweep_ended = ended
+                                         -(-n_procs // max(1, len(gpus))), writer))
+    pool.vitsweep_ended = reader
     launcher.pool = (key, n_procs, pool)
     return pool
 
@@ -258,6 +275,9 @@ def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequen
     the whole batch has; a stacked member when it ends, not when its group does); returns the units lost to a dead
     worker (their jobs fail with that error when ``final``)."""
     broken = []
+    reader = getattr(pool, "vitsweep_ended", None)
+    while reader is not None and reader.poll():  # a kept pool's: nothing of this batch has run yet, so nothing stands
+        reader.recv()
     futures = {pool.submit(_run_unit, [configs[i] for i in unit], threads, stacker): unit for unit in units}
     pending = set(futures)
     while pending:
@@ -440,15 +460,21 @@ def _run_unit(configs: list[DictConfig], threads: int = 0,
         _exit_if("orphaned")  # the running job has saved and stopped: end before another starts
 
 
+ATOMIC_BYTES = 4096  # a pipe write of at most PIPE_BUF bytes (4096 on Linux) is never interleaved with another's
+
+
 def _member_ended(idx: int, value: Any, run_dir: str, start: float) -> None:
     """Tell the launching process that stacked job ``idx`` ended (``value``: what it returns, or its exception), while
-    its group trains on. Never fails the group: a launching process that cannot hear it still gets it at the end."""
-    queue = _WORKER.get("ended")
-    if queue is None:
+    its group trains on. Never fails the group: what is not told now (a message too long for one atomic write, a
+    launching process gone) the group's own result reports at its end."""
+    writer = _WORKER.get("ended")
+    if writer is None:
         return
     try:
-        queue.put((idx, _picklable(value) if isinstance(value, BaseException) else value, run_dir,
-                   time.perf_counter() - start, _WORKER["slot"]))
+        message = pickle.dumps((idx, _picklable(value) if isinstance(value, BaseException) else value, run_dir,
+                                time.perf_counter() - start, _WORKER["slot"]))
+        if len(message) + 8 <= ATOMIC_BYTES:  # + the connection's length header, sent in the same write
+            writer.send_bytes(message)
     except Exception as e:  # noqa: BLE001 - the group's own result still reports this member
         print(f"job #{idx} ended; telling the launching process failed ({type(e).__name__}: {e})", flush=True)
 

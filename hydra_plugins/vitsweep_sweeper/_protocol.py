@@ -159,8 +159,10 @@ def declare_app(objective: str | None = None, direction: Callable[[str], str] | 
     (``hydra.launcher.stack``): its ``plan_groups(task_configs, max_members, strict)`` gives the positions of the
     jobs to train together (one list per unit), and ``train_stacked(task_configs, run_dirs, reporters, sweep_dir)``
     trains one group and returns, per job, what the task returns or the exception that ended it; where it also takes
-    ``on_done``, it calls ``on_done(position, that)`` as each job ends before its group, and the launcher tells the
-    sweeper at once (a stop then hands back only the jobs still training). Without one, every job runs alone."""
+    ``on_done``, it calls ``on_done(position, that)`` for each job that ends for good while the group runs (stopped by
+    its own rules, or found finished at its start; not one interrupted by a stop signal, nor one whose set-up failed),
+    and the launcher tells the sweeper at once: a stop then hands back only the jobs still training. Without one,
+    every job runs alone."""
     _APP.update(objective=objective, direction=direction, runtime_keys=("hydra", *runtime_keys), stacker=stacker)
 
 
