@@ -11,8 +11,8 @@
 #
 # What a call sends is the checkout's tracked files plus what it carries, at most 64 MiB: the committed study
 # records alone are over 70 MB, so before a call take the records it does not read out of the index for its
-# duration (`git rm -r --cached -q docs/studies/double_descent_cnn_cifar10 docs/studies/double_descent_cnn`, the two
-# folders in .git/info/exclude) and put them back after it (`git reset -q`, the exclude lines removed).
+# duration and put them back after it: `bash benchmarks/gpu_records.sh prepare` (then `restore`) does that and builds
+# .gpudata/ and .whl/ for MODE=vit_main; `... recopy FILES_AT HEADER` turns the call's records into the committed ones.
 #
 # DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
 # first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
@@ -88,10 +88,10 @@ if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared ma
   step vit_main $(( $(left) - 110 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
     "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
   wait
-  # every run's checkpoint, finished runs' too: a stacked group tells the sweeper its members' results only when the
-  # whole group ends, so a stop fails the trials of members that had finished while another trained on; resumed,
-  # such a run returns its result from its final checkpoint, and without it trains again from scratch (11 dim-20 runs
-  # of 2026-11-27 04:47 whose final checkpoints were not packed)
+  # every run's checkpoint, finished runs' too: a run whose trial is not complete (stacked members handed back by a
+  # stop before 2026-11-27, when a group told its members only at its end) returns its result from its final
+  # checkpoint when resumed, and without it trains again from scratch (11 dim-20 runs of 2026-11-27 04:47 whose final
+  # checkpoints were not packed); gpu_records.sh recopy commits those of the runs whose trials are not complete
   rm -f "$OUT"/ckpt_vit_main.tar.gz.*
   (cd "$W" && ls vit_main/*/checkpoint.pt 2>/dev/null) >"$LOG/resumable.txt"
   [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" vit_main/.launcher \

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The local side of a lent-GPU call that resumes a committed study run (`MODE=vit_main` of benchmarks/gpu_study.sh),
+# so that a session with no memory of the last one does each step the same way:
+#
+#   bash benchmarks/gpu_records.sh prepare            # .whl/ and .gpudata/ for the call; the index shrunk under 64 MiB
+#   (the `run` printed by prepare, on the lent GPU; a second call on the warm machine resumes it)
+#   bash benchmarks/gpu_records.sh restore            # the index as it was (before any commit)
+#   bash benchmarks/gpu_records.sh recopy FILES_AT "# call 5, ..."   # the call's records into the committed folder
+#
+# REC (default docs/studies/double_descent_vit/records/main_gpu) is the committed records folder; ${REC}_resume/
+# holds the checkpoints a later call resumes from. recopy replaces REC by the call's records (paths made relative to
+# the repository again: the device's checkout is at /work/main and the sweep at /tmp/vitsweep_gpu/vit_main), appends
+# the call's sweep log to REC/sweep.log under the given header line, keeps the checkpoints of every run whose trial
+# is not complete (none left: the resume folder goes), stages both and prints the declared test on the records.
+set -eu
+cd "$(dirname "$0")/.."
+REC=${REC:-docs/studies/double_descent_vit/records/main_gpu}
+PY=${PY:-python3}
+# records the call does not read, out of the index for its duration (the tree, .gpudata and .whl: about 50 MB)
+BIG=(docs/studies/double_descent_cnn_cifar10 docs/studies/double_descent_cnn docs/studies/heads_depth
+     docs/studies/double_descent_vit/records/main_bf16 docs/studies/double_descent_vit/records/main_bf16_resume)
+
+case "${1:-}" in
+prepare)
+  if ! ls .whl/*.whl >/dev/null 2>&1; then  # Hydra, Optuna and their needs for the device's Python (3.12)
+    P=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl)
+    for plat in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+                manylinux1_x86_64; do P+=(--platform "$plat"); done
+    $PY -m pip download -q "${P[@]}" hydra-core==1.3.2 omegaconf==2.3.0 "optuna>=5,<6" alembic sqlalchemy greenlet \
+      colorlog mako
+    $PY -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+  fi
+  mkdir -p .gpudata
+  [ -f .gpudata/mnist.npz ] || cp ../shared/data/mnist.npz .gpudata/  # the records' dataset.root
+  rm -rf .gpudata/vit_main
+  cp -a "$REC" .gpudata/vit_main
+  [ -f "${REC}_resume/checkpoints.tar.gz" ] && tar xzf "${REC}_resume/checkpoints.tar.gz" -C .gpudata
+  for d in "${BIG[@]}"; do
+    git rm -r --cached -q "$d"
+    grep -qxF "/$d/" .git/info/exclude || echo "/$d/" >>.git/info/exclude
+  done
+  echo "tracked files: $(git ls-files -z | xargs -0 cat | wc -c | awk '{printf "%.0f MB", $1 / 1e6}')"
+  echo "checkpoints: $(find .gpudata/vit_main -name checkpoint.pt | wc -l); .gpudata $(du -sh .gpudata | cut -f1)," \
+    ".whl $(du -sh .whl | cut -f1); ${BIG[*]} are out of the index until \`restore\`"
+  echo "run (carry [\".gpudata\", \".whl\"], timeout_s 600), then the same with DEADLINE=285 on the warm machine:"
+  echo "  MODE=vit_main RESUME=.gpudata/vit_main RESUME_AS=$REC TESTS_BOX=0 PROCS=16 DEADLINE=578 TAIL=8" \
+    "OUT=\$OUT DATA=.gpudata bash benchmarks/gpu_study.sh"
+  ;;
+restore)
+  git reset -q -- "${BIG[@]}"
+  for d in "${BIG[@]}"; do sed -i "\#^/$d/\$#d" .git/info/exclude; done
+  git status --short | head
+  ;;
+recopy)
+  AT=${2:?recopy FILES_AT HEADER: the files_at folder of the call}
+  HEADER=${3:?recopy FILES_AT HEADER: the line that opens this call in sweep.log, starting with "# "}
+  T=$(mktemp -d)
+  tar xzf "$AT/records_vit_main.tar.gz" -C "$T"
+  tar xzf "$AT/logs.tar.gz" -C "$T"
+  if ls "$AT"/ckpt_vit_main.tar.gz.* >/dev/null 2>&1; then cat "$AT"/ckpt_vit_main.tar.gz.* | tar xzf - -C "$T"; fi
+  cp "$REC/sweep.log" "$T/sweep.log.before"
+  git rm -r -q "$REC"
+  rm -rf "$REC"
+  $PY -m analysis.records "$T/vit_main" "$REC" --replace "/tmp/vitsweep_gpu/vit_main=$REC" --replace "/work/main/=" \
+    | tail -n 1
+  { cat "$T/sweep.log.before"; echo "$HEADER"
+    sed -e "s#/tmp/vitsweep_gpu/vit_main#$REC#g" -e "s#/work/main/##g" "$T/logs/vit_main.log"; } >"$REC/sweep.log"
+  # the runs a later call resumes: every run dir of the study but those of its complete trials
+  $PY - "$T/vit_main" >"$T/keep.txt" <<'EOF'
+import sys
+from pathlib import Path
+
+import optuna
+
+from hydra_plugins.vitsweep_sweeper.study import JOB_ATTR
+
+root = Path(sys.argv[1])
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+storage = f"sqlite:///{root / 'optuna.db'}"
+complete = {t.system_attrs.get(JOB_ATTR, t.number) for name in optuna.get_all_study_names(storage)
+            for t in optuna.load_study(study_name=name, storage=storage).trials if t.state.name == "COMPLETE"}
+for ckpt in sorted(root.glob("*/checkpoint.pt")):
+    if int(ckpt.parent.name) not in complete:
+        print(f"vit_main/{ckpt.parent.name}/checkpoint.pt")
+EOF
+  if [ -e "${REC}_resume" ]; then git rm -r -q "${REC}_resume"; rm -rf "${REC}_resume"; fi
+  if [ -s "$T/keep.txt" ]; then
+    mkdir -p "${REC}_resume"
+    tar -czf "${REC}_resume/checkpoints.tar.gz" -C "$T" -T "$T/keep.txt"
+    git add -f "${REC}_resume"
+  fi
+  git add -f "$REC"
+  echo "records: $(ls "$REC"/*/summary.json | wc -l) runs; checkpoints kept for $(wc -l <"$T/keep.txt") unfinished"
+  $PY -m analysis.design test "$REC" --pilot "$(dirname "$REC")/pilot_gpu" | tail -n 20
+  rm -rf "$T"
+  ;;
+*)
+  sed -n '2,14p' "$0"
+  exit 2
+  ;;
+esac
