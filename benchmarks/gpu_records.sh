@@ -6,13 +6,14 @@
 #   (the `run` printed by prepare, on the lent GPU; a second call on the warm machine resumes it)
 #   bash benchmarks/gpu_records.sh restore            # the index as it was (before any commit)
 #   bash benchmarks/gpu_records.sh recopy FILES_AT "# call 5, ..."   # the call's records into the committed folder
+#                                                     # (after restore; once per call, in order: each call's log)
 #
 # REC (default docs/studies/double_descent_vit/records/main_gpu) is the committed records folder; ${REC}_resume/
 # holds the checkpoints a later call resumes from. recopy replaces REC by the call's records (paths made relative to
 # the repository again: the device's checkout is at /work/main and the sweep at /tmp/vitsweep_gpu/vit_main), appends
 # the call's sweep log to REC/sweep.log under the given header line, keeps the checkpoints of every run whose trial
 # is not complete (none left: the resume folder goes), stages both and prints the declared test on the records.
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 REC=${REC:-docs/studies/double_descent_vit/records/main_gpu}
 PY=${PY:-python3}
@@ -20,9 +21,11 @@ PY=${PY:-python3}
 BIG=(docs/studies/double_descent_cnn_cifar10 docs/studies/double_descent_cnn docs/studies/heads_depth
      docs/studies/double_descent_vit/records/main_bf16 docs/studies/double_descent_vit/records/main_bf16_resume)
 
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+
 case "${1:-}" in
 prepare)
-  if ! ls .whl/*.whl >/dev/null 2>&1; then  # Hydra, Optuna and their needs for the device's Python (3.12)
+  if ! ls .whl/optuna-*.whl .whl/hydra_core-*.whl .whl/antlr4*.whl >/dev/null 2>&1; then  # for the device's Python 3.12
     P=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl)
     for plat in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
                 manylinux1_x86_64; do P+=(--platform "$plat"); done
@@ -34,10 +37,11 @@ prepare)
   [ -f .gpudata/mnist.npz ] || cp ../shared/data/mnist.npz .gpudata/  # the records' dataset.root
   rm -rf .gpudata/vit_main
   cp -a "$REC" .gpudata/vit_main
-  [ -f "${REC}_resume/checkpoints.tar.gz" ] && tar xzf "${REC}_resume/checkpoints.tar.gz" -C .gpudata
+  if [ -f "${REC}_resume/checkpoints.tar.gz" ]; then tar xzf "${REC}_resume/checkpoints.tar.gz" -C .gpudata; fi
   for d in "${BIG[@]}"; do
-    git rm -r --cached -q "$d"
-    grep -qxF "/$d/" .git/info/exclude || echo "/$d/" >>.git/info/exclude
+    git rm -r --cached -q --ignore-unmatch "$d"
+    mkdir -p "$(dirname "$EXCLUDE")"
+    grep -sqxF "/$d/" "$EXCLUDE" || echo "/$d/" >>"$EXCLUDE"
   done
   echo "tracked files: $(git ls-files -z | xargs -0 cat | wc -c | awk '{printf "%.0f MB", $1 / 1e6}')"
   echo "checkpoints: $(find .gpudata/vit_main -name checkpoint.pt | wc -l); .gpudata $(du -sh .gpudata | cut -f1)," \
@@ -48,24 +52,29 @@ prepare)
   ;;
 restore)
   git reset -q -- "${BIG[@]}"
-  for d in "${BIG[@]}"; do sed -i "\#^/$d/\$#d" .git/info/exclude; done
+  for d in "${BIG[@]}"; do if [ -f "$EXCLUDE" ]; then sed -i "\#^/$d/\$#d" "$EXCLUDE"; fi; done
   git status --short | head
   ;;
 recopy)
   AT=${2:?recopy FILES_AT HEADER: the files_at folder of the call}
   HEADER=${3:?recopy FILES_AT HEADER: the line that opens this call in sweep.log, starting with "# "}
+  if ! git diff --cached --quiet -- "${BIG[@]}"; then echo "the index lacks ${BIG[*]}: run restore first" >&2; exit 1; fi
   T=$(mktemp -d)
-  tar xzf "$AT/records_vit_main.tar.gz" -C "$T"
-  tar xzf "$AT/logs.tar.gz" -C "$T"
+  trap 'rm -rf "$T"' EXIT
+  # everything is built in $T first; the committed folders change only once it all exists
+  if [ -f "${REC}_resume/checkpoints.tar.gz" ]; then tar xzf "${REC}_resume/checkpoints.tar.gz" -C "$T"; fi
+  tar xzf "$AT/records_vit_main.tar.gz" -C "$T"  # the call's (its checkpoints, where they came back, over the old)
   if ls "$AT"/ckpt_vit_main.tar.gz.* >/dev/null 2>&1; then cat "$AT"/ckpt_vit_main.tar.gz.* | tar xzf - -C "$T"; fi
-  cp "$REC/sweep.log" "$T/sweep.log.before"
-  git rm -r -q "$REC"
-  rm -rf "$REC"
-  $PY -m analysis.records "$T/vit_main" "$REC" --replace "/tmp/vitsweep_gpu/vit_main=$REC" --replace "/work/main/=" \
-    | tail -n 1
-  { cat "$T/sweep.log.before"; echo "$HEADER"
-    sed -e "s#/tmp/vitsweep_gpu/vit_main#$REC#g" -e "s#/work/main/##g" "$T/logs/vit_main.log"; } >"$REC/sweep.log"
-  # the runs a later call resumes: every run dir of the study but those of its complete trials
+  tar xzf "$AT/logs.tar.gz" -C "$T"
+  $PY -m analysis.records "$T/vit_main" "$T/records" --replace "/tmp/vitsweep_gpu/vit_main=$REC" \
+    --replace "/work/main/=" | tail -n 1
+  { git show "HEAD:$REC/sweep.log"; echo "$HEADER"
+    sed -e "s#/tmp/vitsweep_gpu/vit_main#$REC#g" -e "s#/work/main/##g" "$T/logs/vit_main.log"; } >"$T/records/sweep.log"
+  if grep -rlI -e "/tmp/vitsweep_gpu" -e "/work/main" "$T/records" | head -3 | grep .; then
+    echo "machine paths left in the records above" >&2; exit 1
+  fi
+  # the runs a later call resumes: every run dir of the study but those with a complete trial (a retry keeps its
+  # original's job number, so a job can hold a failed trial and a later complete one)
   $PY - "$T/vit_main" >"$T/keep.txt" <<'EOF'
 import sys
 from pathlib import Path
@@ -76,23 +85,27 @@ from hydra_plugins.vitsweep_sweeper.study import JOB_ATTR
 
 root = Path(sys.argv[1])
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-storage = f"sqlite:///{root / 'optuna.db'}"
-complete = {t.system_attrs.get(JOB_ATTR, t.number) for name in optuna.get_all_study_names(storage)
-            for t in optuna.load_study(study_name=name, storage=storage).trials if t.state.name == "COMPLETE"}
-for ckpt in sorted(root.glob("*/checkpoint.pt")):
-    if int(ckpt.parent.name) not in complete:
-        print(f"vit_main/{ckpt.parent.name}/checkpoint.pt")
+study = optuna.load_study(study_name="double_descent_vit", storage=f"sqlite:///{root / 'optuna.db'}")
+complete = {t.system_attrs.get(JOB_ATTR, t.number) for t in study.trials if t.state.name == "COMPLETE"}
+jobs = sorted(int(d.name) for d in root.iterdir() if d.name.isdigit())
+missing = [j for j in jobs if j not in complete and not (root / str(j) / "checkpoint.pt").is_file()]
+if missing:
+    print(f"{len(missing)} unfinished runs have no checkpoint and start afresh: {missing}", file=sys.stderr)
+for j in jobs:
+    if j not in complete and (root / str(j) / "checkpoint.pt").is_file():
+        print(f"vit_main/{j}/checkpoint.pt")
 EOF
-  if [ -e "${REC}_resume" ]; then git rm -r -q "${REC}_resume"; rm -rf "${REC}_resume"; fi
+  git rm -r -q -f --ignore-unmatch "$REC" "${REC}_resume"
+  rm -rf "$REC" "${REC}_resume"
+  mv "$T/records" "$REC"
+  git add -f "$REC"
   if [ -s "$T/keep.txt" ]; then
     mkdir -p "${REC}_resume"
     tar -czf "${REC}_resume/checkpoints.tar.gz" -C "$T" -T "$T/keep.txt"
     git add -f "${REC}_resume"
   fi
-  git add -f "$REC"
   echo "records: $(ls "$REC"/*/summary.json | wc -l) runs; checkpoints kept for $(wc -l <"$T/keep.txt") unfinished"
   $PY -m analysis.design test "$REC" --pilot "$(dirname "$REC")/pilot_gpu" | tail -n 20
-  rm -rf "$T"
   ;;
 *)
   sed -n '2,14p' "$0"
