@@ -342,3 +342,30 @@ def test_the_configs_the_sweepers_check_composed_are_the_launchers_once_each():
     assert wrapper.take(other_master, ["x=2"]) is None  # another master config composes afresh
     loader.load_sweep_config(master, ["x=3"])  # a caller other than the check may change what it gets: not kept
     assert wrapper.take(master, ["x=3"]) is None and len(calls) == 3
+
+
+def _kill_own_worker() -> None:
+    import os
+
+    os._exit(9)
+
+
+def test_a_pool_whose_worker_a_job_killed_is_not_reused(tmp_path):
+    """Found in review: the launcher runs a unit that killed its worker twice alone on a fresh 1-worker pool and kept
+    that pool; the next batch of 1 job took it, broken, and every submit failed with BrokenProcessPool (not a stop,
+    so its trials were not handed back). A broken pool is replaced."""
+    import types
+    from concurrent.futures.process import BrokenProcessPool
+
+    from hydra_plugins.vitsweep_launcher import pool
+
+    launcher = types.SimpleNamespace(hydra_context=None, task_function=print, pool=None)
+    first = pool._pool(launcher, 1, 1, [], str(tmp_path))
+    with pytest.raises(BrokenProcessPool):
+        first.submit(_kill_own_worker).result(timeout=60)
+    second = pool._pool(launcher, 1, 1, [], str(tmp_path))
+    try:
+        assert second is not first
+        assert second.submit(sum, [1, 2]).result(timeout=60) == 3
+    finally:
+        second.shutdown()
