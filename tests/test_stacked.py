@@ -200,3 +200,20 @@ def test_a_stacked_group_shows_one_progress_bar(tmp_path, capsys):
     cfgs = [plain(*CNN, "trainer.progress=true", f"seed={s}") for s in (0, 1)]
     train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
     assert capsys.readouterr().err.count("stack of 2 WidthCNN") >= 1
+
+
+def test_members_report_their_end_as_it_comes_and_a_failing_report_fails_no_member(tmp_path):
+    """``train_members(on_done=...)`` (what the launcher tells the sweeper through): each member as it stops, the
+    frozen one (lr 0, converged at epoch 3) before the other; a callback that raises is logged, and both members
+    still end with their summaries."""
+    extra = ["trainer.max_epochs=6", "trainer.converge_epochs=2", "dataset.n_train=300"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0", "optimizer.lr=1e-2"], ["seed=1", "optimizer.lr=0"])]
+    told = []
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], on_done=lambda k, s: told.append((k, s)))
+    assert [k for k, _ in told] == [1, 0] and [s["epochs"] for _, s in told] == [3, 6]
+
+    def broken(k, summary):
+        raise RuntimeError("the launching process is gone")
+
+    again = train_members(cfgs, [tmp_path / f"n{k}" for k in range(2)], on_done=broken)
+    assert [r["epochs"] for r in again] == [r["epochs"] for r in results] == [6, 3]
