@@ -2,7 +2,8 @@
 report.
 
 From every run dir under SRC it copies what the analysis reads (``summary.json``, ``metrics.jsonl``,
-``.hydra/config.yaml``, ``.hydra/overrides.yaml``) and the sweep's Optuna storage (``optuna.db``), never
+``.hydra/config.yaml``, ``.hydra/overrides.yaml``), ``config.json`` (with the summary, it lets a finished run resumed
+from these records return without its checkpoint) and the sweep's Optuna storage (``optuna.db``), never
 checkpoints, logs or the ``previous-*`` folders a restart moved aside, keeping the folder layout. Each ``--replace``
 rewrites a path prefix in the text records (an absolute ``dataset.root`` or sweep dir of the machine that ran it
 becomes one relative to the repository, so the records read the same on any clone). A file that already exists in
@@ -15,7 +16,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-RUN_FILES = ("summary.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")
+RUN_FILES = ("summary.json", "config.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")
 SWEEP_FILES = ("optuna.db",)
 MOVED_ASIDE = "previous-"  # src.checkpoint moves a restarted run's old records into previous-<time>/
 

@@ -38,6 +38,26 @@ prepare)
   rm -rf .gpudata/vit_main
   cp -a "$REC" .gpudata/vit_main
   if [ -f "${REC}_resume/checkpoints.tar.gz" ]; then tar xzf "${REC}_resume/checkpoints.tar.gz" -C .gpudata; fi
+  # records older than config.json (before 2026-11-27): a finished run gets it from its own .hydra/config.yaml (the
+  # config it ran under; the checkpoints' configs equal it but for the dataset path, which RESUME_AS makes the
+  # device's), so its retry returns its summary instead of training again (src.trainer.finished_without_checkpoint)
+  $PY - .gpudata/vit_main <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+made = 0
+for summary in sorted(Path(sys.argv[1]).glob("*/summary.json")):
+    run = summary.parent
+    if json.loads(summary.read_text()).get("status") != "completed" or (run / "config.json").exists():
+        continue
+    cfg = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml"), resolve=True)
+    (run / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    made += 1
+print(f"config.json made for {made} finished runs from their .hydra/config.yaml")
+EOF
   for d in "${BIG[@]}"; do
     git rm -r --cached -q --ignore-unmatch "$d"
     mkdir -p "$(dirname "$EXCLUDE")"
@@ -46,8 +66,8 @@ prepare)
   echo "tracked files: $(git ls-files -z | xargs -0 cat | wc -c | awk '{printf "%.0f MB", $1 / 1e6}')"
   echo "checkpoints: $(find .gpudata/vit_main -name checkpoint.pt | wc -l); .gpudata $(du -sh .gpudata | cut -f1)," \
     ".whl $(du -sh .whl | cut -f1); ${BIG[*]} are out of the index until \`restore\`"
-  echo "run (carry [\".gpudata\", \".whl\"], timeout_s 600), then the same with DEADLINE=285 on the warm machine:"
-  echo "  MODE=vit_main RESUME=.gpudata/vit_main RESUME_AS=$REC TESTS_BOX=0 PROCS=16 DEADLINE=578 TAIL=8" \
+  echo "run (carry [\".gpudata\", \".whl\"], timeout_s 600; if it does not finish, the same again on the warm machine):"
+  echo "  MODE=vit_main RESUME=.gpudata/vit_main RESUME_AS=$REC TESTS_BOX=0 PROCS=16 DEADLINE=450 TAIL=8" \
     "OUT=\$OUT DATA=.gpudata bash benchmarks/gpu_study.sh"
   ;;
 restore)

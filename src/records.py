@@ -1,7 +1,7 @@
 """The run directory: the contract between training and analysis (schema in docs/run_dir.md).
 
 ``metrics.jsonl`` gets one JSON object per evaluation, appended and flushed line by line;
-``summary.json`` is written at the end (atomically, so a file that exists is complete);
+``summary.json`` is written at the end (atomically, so a file that exists is complete), with ``config.json``;
 checkpoints are written by ``src.checkpoint`` (atomically too). Nothing here deletes a run's files:
 a resumed run cuts ``metrics.jsonl`` back to the rows its checkpoint had seen. Rows and the summary also go
 to the run's experiment trackers (``src.trackers``, ``logger=``), which the summary closes.
@@ -78,6 +78,12 @@ class RunRecorder:
         atomic_write(self.dir / "summary.json", lambda f: f.write((text + "\n").encode()))
         self.trackers.log_summary(summary)  # the end of this start of the run: its tracker runs end too
         self.trackers.close()
+
+    def config(self, cfg: dict[str, Any]) -> None:
+        """``config.json``: the resolved config the run ended under, beside its summary (what says the run is done
+        where its checkpoints are gone: ``src.trainer.finished_without_checkpoint``)."""
+        text = json.dumps(cfg, indent=1)
+        atomic_write(self.dir / "config.json", lambda f: f.write((text + "\n").encode()))
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.dir, state)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
+from src.checkpoint import check_extension, check_resumable, config_differences, move_aside, read_checkpoints
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
 from src.run_state import RunState, plain_config, setup
@@ -312,6 +312,8 @@ def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, A
     if checkpoint and state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
+    if state.cfg["trainer"].get("checkpoint", True):  # with checkpoints on, a run is done without them (below)
+        state.recorder.config(state.cfg)
     state.recorder.summary(summary)
     warn_about_stop(summary, state.rules)
     return summary
@@ -327,6 +329,23 @@ def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
     return s if done else None
 
 
+def finished_without_checkpoint(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a finished run whose checkpoints are gone (records copied without them, space freed), where
+    the config it ended under (``config.json``) is this one but for runtime keys and its stop still holds: done, as
+    with its final checkpoint (found on a lent H100: 11 converged runs came back from checkpoint-free records and
+    trained again). Only under ``trainer.checkpoint=true``: a run without checkpoints trains again on a rerun."""
+    path = run_dir / "config.json"
+    if not cfg["trainer"].get("checkpoint", True) or not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or config_differences(saved, cfg):
+        return None
+    return finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
+
+
 def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[Path, dict]], dict | None]:
     """(checkpoints to try, newest first; the summary of a finished run or None). Fails before any work
     when the newest readable checkpoint comes from a different config, or when changed limits would continue it
@@ -337,8 +356,10 @@ def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[P
     found = read_checkpoints(run_dir)
     newest = next(found, None)
     if newest is None:
-        move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
-        return iter(()), None
+        done = finished_without_checkpoint(cfg, run_dir)
+        if done is None:
+            move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
+        return iter(()), done
     check_resumable(newest[0], newest[1]["config"], cfg)
     done = finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
     if done is None:  # the run would continue: only under the lr schedule it started with

@@ -224,7 +224,7 @@ def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
     train(tiny_cfg("trainer.checkpoint=true", "trainer.resume=never", "optimizer.lr=0.01"), tmp_path)
     (previous,) = tmp_path.glob("previous-*")
     assert (previous / "metrics.jsonl").read_text() == old
-    assert {p.name for p in previous.iterdir()} == {"metrics.jsonl", "summary.json", CHECKPOINT}
+    assert {p.name for p in previous.iterdir()} == {"metrics.jsonl", "summary.json", "config.json", CHECKPOINT}
     assert summary_of(tmp_path)["status"] == "completed"
 
 
@@ -321,3 +321,29 @@ def test_a_summary_names_every_machine_its_run_trained_on(tiny_cfg, tmp_path):
     resumed = train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path)
     assert resumed["epochs"] == 3 and resumed["machines"] == ["Another CPU (family 25 model 17)", here]
     assert summary_of(tmp_path)["machines"] == resumed["machines"]
+
+
+def test_a_finished_run_whose_checkpoints_are_gone_is_not_trained_again(tiny_cfg, tmp_path):
+    """Found on a lent H100: 11 converged runs whose trials a stop had handed back came back from committed records,
+    which hold no checkpoints, and trained again from scratch (370 epochs each). A finished run needs no checkpoint
+    to be done: its summary and the config it ended under (``config.json``) say so, as its final checkpoint would.
+    Under another config, with the stop no longer holding, or without checkpoints, it trains again as before."""
+    cfg = ("trainer.checkpoint=true", "trainer.max_epochs=2")
+    train(tiny_cfg(*cfg), tmp_path)
+    first = summary_of(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["trainer"]["max_epochs"] == 2
+    for name in (CHECKPOINT, PREVIOUS):
+        (tmp_path / name).unlink(missing_ok=True)
+    rows = rows_of(tmp_path)
+    again = train(tiny_cfg(*cfg), tmp_path)
+    assert again == first and rows_of(tmp_path) == rows and not list(tmp_path.glob("previous-*"))
+    longer = train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=3"), tmp_path)  # the stop no longer holds
+    assert longer["epochs"] == 3 and len(list(tmp_path.glob("previous-*"))) == 1
+    for name in (CHECKPOINT, PREVIOUS):
+        (tmp_path / name).unlink(missing_ok=True)
+    other = train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=3", "optimizer.lr=0.01"), tmp_path)
+    assert other["base_lr"] == 0.01 and len(list(tmp_path.glob("previous-*"))) == 2  # another config: trained
+    for name in (CHECKPOINT, PREVIOUS):
+        (tmp_path / name).unlink(missing_ok=True)
+    off = train(tiny_cfg("trainer.checkpoint=false", "trainer.max_epochs=3", "optimizer.lr=0.01"), tmp_path)
+    assert off["wall_s"] != other["wall_s"] and len(list(tmp_path.glob("previous-*"))) == 3  # no checkpoints: trained
