@@ -48,15 +48,23 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-made = 0
+made, odd = 0, []
 for summary in sorted(Path(sys.argv[1]).glob("*/summary.json")):
-    run = summary.parent
-    if json.loads(summary.read_text()).get("status") != "completed" or (run / "config.json").exists():
+    run, s = summary.parent, json.loads(summary.read_text())
+    if s.get("status") != "completed" or (run / "config.json").exists():
         continue
     cfg = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml"), resolve=True)
+    # Hydra rewrites .hydra/config.yaml at every start: a later start under another config that failed before training
+    # would have left it beside this summary, so the summary's own facts must agree with it
+    facts = {"seed": cfg["seed"], "base_lr": cfg["optimizer"]["lr"], "dataset": cfg["dataset"]["name"],
+             "n_train": cfg["dataset"]["n_train"]}
+    if any(s.get(k) != v for k, v in facts.items()):
+        odd.append(run.name)
+        continue
     (run / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     made += 1
-print(f"config.json made for {made} finished runs from their .hydra/config.yaml")
+print(f"config.json made for {made} finished runs from their .hydra/config.yaml"
+      + (f"; not for {odd}, whose summaries disagree with it (they train again)" if odd else ""))
 EOF
   for d in "${BIG[@]}"; do
     git rm -r --cached -q --ignore-unmatch "$d"

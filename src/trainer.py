@@ -23,9 +23,11 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from src.checkpoint import check_extension, check_resumable, config_differences, move_aside, read_checkpoints
+from hydra_plugins.vitsweep_sweeper.protocol import config_differences, flatten_config
+from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
+from src.run_contract import RUNTIME_KEYS
 from src.run_state import RunState, plain_config, setup
 from src.stop_rules import COLLAPSE_RISE, StopRules
 from src.trackers import open_trackers
@@ -341,7 +343,18 @@ def finished_without_checkpoint(cfg: dict[str, Any], run_dir: Path) -> dict[str,
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(saved, dict) or config_differences(saved, cfg):
+    if not isinstance(saved, dict):
+        return None
+    # stricter than a checkpoint's check: every key present in both, and the run length unchanged (under a cosine
+    # schedule another length is another run from step 0; under any, a cap below where the run went is another run)
+    keep = [r for r in RUNTIME_KEYS if r not in (f"trainer.{k}" for k in ("max_epochs", "max_steps"))]
+    a, b = flatten_config(saved), flatten_config(cfg)
+    diff = config_differences(saved, cfg, ignore=keep) + [
+        f"{k}: absent in one of them" for k in sorted(a.keys() ^ b.keys()) if not any(
+            k == r or k.startswith(r + ".") for r in keep)]
+    if diff:
+        log.warning("%s holds a finished run under another config, and no checkpoint: its files are moved aside and "
+                    "the run trains again (%s)", run_dir, "; ".join(diff[:5]))
         return None
     return finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
 

@@ -347,3 +347,45 @@ def test_a_finished_run_whose_checkpoints_are_gone_is_not_trained_again(tiny_cfg
         (tmp_path / name).unlink(missing_ok=True)
     off = train(tiny_cfg("trainer.checkpoint=false", "trainer.max_epochs=3", "optimizer.lr=0.01"), tmp_path)
     assert off["wall_s"] != other["wall_s"] and len(list(tmp_path.glob("previous-*"))) == 3  # no checkpoints: trained
+
+
+def _drop_checkpoints(run_dir: Path) -> None:
+    for name in (CHECKPOINT, PREVIOUS):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("change, done", [
+    (["trainer.eval_batch_size=64"], True),  # a runtime key that computes nothing else: still the same run
+    (["trainer.max_epochs=3"], False),  # another run length (a stop that no longer holds, too)
+    (["trainer.max_epochs=1"], False),  # a cap below where the run went: another run
+    (["trainer.resume=never"], False),  # asked to start over
+    (["dataset.n_train=100"], False),
+])
+def test_a_checkpoint_free_finished_run_is_returned_only_for_the_same_run(tiny_cfg, tmp_path, change, done):
+    """Review of the above: the checkpoint-free return must never hand back a run of another config. A runtime key
+    that changes no result keeps it; the run length (a runtime key for checkpoints, which may continue a run), a start
+    over or any other key moves the files aside and trains again."""
+    base = ("trainer.checkpoint=true", "trainer.max_epochs=2", "scheduler=constant")
+    train(tiny_cfg(*base), tmp_path)
+    _drop_checkpoints(tmp_path)
+    summary = train(tiny_cfg(*base, *change), tmp_path)
+    assert (not list(tmp_path.glob("previous-*"))) is done, summary
+    if done:
+        assert summary == summary_of(tmp_path) and summary["epochs"] == 2
+
+
+def test_a_checkpoint_free_run_with_a_key_missing_from_its_config_or_an_interrupted_summary_trains_again(tiny_cfg,
+                                                                                                       tmp_path):
+    cfg = ("trainer.checkpoint=true", "trainer.max_epochs=2")
+    train(tiny_cfg(*cfg), tmp_path)
+    _drop_checkpoints(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["trainer"]["grad_clip"]  # as if written before the key existed: absent is not null
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    train(tiny_cfg(*cfg), tmp_path)
+    assert len(list(tmp_path.glob("previous-*"))) == 1
+    _drop_checkpoints(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "stopped", "stop_reason": "interrupted"}))
+    train(tiny_cfg(*cfg), tmp_path)
+    assert len(list(tmp_path.glob("previous-*"))) == 2
