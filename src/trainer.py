@@ -374,10 +374,25 @@ def prepare_resume(cfg: dict[str, Any], run_dir: Path) -> tuple[Iterator[tuple[P
             move_aside(run_dir)  # records of a run that cannot be continued (none, or no readable checkpoint)
         return iter(()), done
     check_resumable(newest[0], newest[1]["config"], cfg)
+    check_not_past(newest[0], newest[1], cfg)
+    # finished or not, only under the lr schedule it ran with: a finished cosine run under another horizon is another
+    # run from step 0, and its summary is not this config's result
+    check_extension(newest[0], newest[1], cfg)
     done = finished_summary(run_dir, StopRules.from_config(cfg["trainer"]))
-    if done is None:  # the run would continue: only under the lr schedule it started with
-        check_extension(newest[0], newest[1], cfg)
     return itertools.chain([newest], found), done
+
+
+def check_not_past(path: Path, ckpt: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+    """Refuse a start whose epoch or step limit lies below where the run in ``path`` already went: a lower limit
+    cannot shorten a run, and its records (a finished run's summary included) would not be this config's."""
+    t = cfg["trainer"]
+    epoch, step = int(ckpt.get("epoch") or 0), int(ckpt.get("step") or 0)
+    past = [f"trainer.{k}={t[k]}" for k, ran in (("max_epochs", epoch), ("max_steps", step)) if t.get(k) and ran > t[k]]
+    if past:
+        raise ValueError(f"{path} holds a run that trained {epoch} epochs ({step} steps), past {' and '.join(past)}: a "
+                         "lower limit cannot shorten it. Fix: a new run dir (hydra.run.dir=...) or "
+                         "trainer.resume=never "
+                         "(moves this run's files aside and trains the shorter run)")
 
 
 def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]]) -> RunState:

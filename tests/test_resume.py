@@ -389,3 +389,18 @@ def test_a_checkpoint_free_run_with_a_key_missing_from_its_config_or_an_interrup
     (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "stopped", "stop_reason": "interrupted"}))
     train(tiny_cfg(*cfg), tmp_path)
     assert len(list(tmp_path.glob("previous-*"))) == 2
+
+
+def test_a_finished_run_is_not_returned_for_a_shorter_or_other_length_run(tiny_cfg, tmp_path):
+    """Found in review: a finished run was returned for any config that differed only in its limits, as long as its
+    stop still held, so a run that trained 2 epochs came back for max_epochs=1, and a cosine run's summary for another
+    horizon (another lr path from step 0). A lower cap than the run went is refused, as another horizon is."""
+    train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=2", "scheduler=constant"), tmp_path)
+    with pytest.raises(ValueError, match=r"(?s)trained 2 epochs.*trainer.max_epochs=1.*trainer.resume=never"):
+        train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=1", "scheduler=constant"), tmp_path)
+    run = tmp_path / "cosine"
+    frozen = ("trainer.checkpoint=true", "scheduler=cosine", "optimizer.lr=0", "trainer.converge_epochs=1")
+    first = train(tiny_cfg(*frozen, "trainer.max_epochs=5"), run)
+    assert first["stop_reason"] in ("converged", "stalled") and first["epochs"] < 5
+    with pytest.raises(ValueError, match="horizon"):
+        train(tiny_cfg(*frozen, "trainer.max_epochs=4"), run)
