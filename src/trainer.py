@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from hydra_plugins.vitsweep_sweeper.protocol import config_differences, flatten_config
+from hydra_plugins.vitsweep_sweeper.protocol import config_differences
 from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import writable_run_dir
@@ -348,10 +348,7 @@ def finished_without_checkpoint(cfg: dict[str, Any], run_dir: Path) -> dict[str,
     # stricter than a checkpoint's check: every key present in both, and the run length unchanged (under a cosine
     # schedule another length is another run from step 0; under any, a cap below where the run went is another run)
     keep = [r for r in RUNTIME_KEYS if r not in (f"trainer.{k}" for k in ("max_epochs", "max_steps"))]
-    a, b = flatten_config(saved), flatten_config(cfg)
-    diff = config_differences(saved, cfg, ignore=keep) + [
-        f"{k}: absent in one of them" for k in sorted(a.keys() ^ b.keys()) if not any(
-            k == r or k.startswith(r + ".") for r in keep)]
+    diff = config_differences(saved, cfg, ignore=keep, strict=True)
     if diff:
         log.warning("%s holds a finished run under another config, and no checkpoint: its files are moved aside and "
                     "the run trains again (%s)", run_dir, "; ".join(diff[:5]))

@@ -73,15 +73,15 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
     # members of stacked groups that end before their group: the launcher's stop path tells them too (launcher.py)
     launcher.ended = Ended(configs, numbers, results, notify)
-    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, results, launcher.ended,
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, launcher.ended,
                        threads=threads, stacker=stacker)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
-        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, results,
-                           launcher.ended, threads=threads, stacker=stacker)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, launcher.ended,
+                           threads=threads, stacker=stacker)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, results, launcher.ended,
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, launcher.ended,
                   final=True, threads=threads, stacker=stacker)
     launcher.ended = None
     return [results[num] for num in numbers]
@@ -268,10 +268,10 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     return pool
 
 
-def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequence[DictConfig],
-              results: dict[int, JobReturn], ended: Ended, final: bool = False,
+def _run_pool(pool: ProcessPoolExecutor, units: list[list[int]], configs: Sequence[DictConfig], ended: Ended,
+              final: bool = False,
               threads: int = 0, stacker: str | None = None) -> list[list[int]]:
-    """Run the units, filling ``results`` by job number and reporting each job to ``ended`` as it ends (not when
+    """Run the units, reporting each job to ``ended`` (which fills the batch's results) as it ends (not when
     the whole batch has; a stacked member when it ends, not when its group does); returns the units lost to a dead
     worker (their jobs fail with that error when ``final``)."""
     broken = []

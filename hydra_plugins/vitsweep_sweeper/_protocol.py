@@ -206,13 +206,15 @@ def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
-                       ignore: Iterable[str] | None = None) -> list[str]:
+                       ignore: Iterable[str] | None = None, strict: bool = False) -> list[str]:
     """``key: saved -> current`` for every key that differs between two configs (nested or flattened), except the
-    ``ignore`` keys and everything under them (default: ``runtime_keys()``)."""
+    ``ignore`` keys and everything under them (default: ``runtime_keys()``). A key absent from one side equals a null
+    on the other, unless ``strict``."""
     skip = tuple(runtime_keys() if ignore is None else ignore)
     a, b = flatten_config(saved), flatten_config(current)
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(a.keys() | b.keys())
-            if not any(k == r or k.startswith(r + ".") for r in skip) and a.get(k) != b.get(k)]
+            if not any(k == r or k.startswith(r + ".") for r in skip)
+            and (a.get(k) != b.get(k) or (strict and (k in a) != (k in b)))]
 
 
 @contextlib.contextmanager
