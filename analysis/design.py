@@ -33,13 +33,18 @@ the main run, and turns it into a verdict that states its power (``verdict``): *
 significant; *not reproduced* only where it is not and the smallest effect detectable with the main run's seeds,
 from the pilot's spread, is below the published effect; otherwise *inconclusive*, with what would settle it.
 A flagged (collapsed or stalled) run at one of the three widths makes the verdict inconclusive: a failed
-training is not a test-error value.
+training is not a test-error value. So does an **unfinished grid** (``unfinished``): the critical width comes from
+every declared seed's train errors and the power from the declared seeds, so while any run of a curve's grid (the
+widths x seeds its sweep declared, read from the study's storage, else those its runs hold) has not finished, the
+verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; the contrast on the seeds that
+happened to finish first is printed but is not the declared test.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -70,6 +75,61 @@ def _flagged(df: pd.DataFrame) -> pd.Series:
         if f in df.columns:
             out |= df[f].fillna(False).astype(bool)
     return out
+
+
+def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
+    """(study_storage, study_name) -> the grid that study declared (the sweeper's record), for every study the runs
+    name whose storage opens and holds one; a study that cannot be read warns and is left out."""
+    from analysis.load import _moved_sqlite
+    from hydra_plugins.vitsweep_sweeper.protocol import declared_grid
+
+    if not {"study_storage", "study_name"} <= set(df.columns):
+        return {}
+    out = {}
+    for storage, name in df[["study_storage", "study_name"]].dropna().drop_duplicates().itertuples(index=False):
+        sel = (df["study_storage"] == storage) & (df["study_name"] == name)
+        try:
+            grid = declared_grid(_moved_sqlite(storage, df.loc[sel, "run_dir"]) or storage, name)
+        except Exception as e:  # moved storage, another machine's server: the runs' own grid is used instead
+            warnings.warn(f"cannot read the grid study '{name}' declared at {storage} ({e}); counting the widths and "
+                          "seeds its runs hold", stacklevel=3)
+            continue
+        if grid:
+            out[(storage, name)] = grid
+    return out
+
+
+def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
+    """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
+    started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
+    ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
+    hold, so a seed that reached some widths and not others counts as missing at the others."""
+    grids = grids or {}
+    has_study = {"study_storage", "study_name"} <= set(c.columns)
+    expected: set[tuple[float, float]] = set()
+    sources = (c[["study_storage", "study_name"]].astype(object).where(c[["study_storage", "study_name"]].notna(), None)
+               .itertuples(index=False, name=None) if has_study else [(None, None)] * len(c))
+    by_source: dict[tuple, list[int]] = {}
+    for i, src in zip(c.index, sources, strict=True):
+        by_source.setdefault(tuple(src), []).append(i)
+    for src, rows in by_source.items():
+        runs, grid = c.loc[rows], grids.get(src, {})
+        widths = [float(w) for w in grid.get(width, runs[width].dropna().unique())]
+        seeds = [float(s) for s in grid.get(SEED, runs[SEED].dropna().unique())]
+        expected |= {(w, s) for w in widths for s in seeds}
+    pairs = list(zip(c[width].astype(float), c[SEED].astype(float), strict=True))
+    done = {p for p, st in zip(pairs, c["status"], strict=True) if st == "completed"}
+    missing = expected - done
+    if not missing:
+        return None
+    status = {}
+    for p, st in zip(pairs, c["status"].fillna("running"), strict=True):
+        if p in missing:
+            status.setdefault(p, st)
+    counts = pd.Series([status.get(p, "not started") for p in sorted(missing)]).value_counts()
+    order = sorted(counts.index, key=lambda k: (k == "not started", -counts[k], k))
+    detail = ", ".join(f"{counts[k]} {k}" for k in order)
+    return f"{len(expected & done)} of {len(expected)} runs finished, {detail}"
 
 
 def threshold(c: pd.DataFrame, width: str, tol: float) -> float:
@@ -259,8 +319,11 @@ class PeakTest:
     verdict: str
 
 
-def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA) -> str:
+def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
+            missing: str | None = None) -> str:
     """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring."""
+    if missing:
+        return f"inconclusive (grid unfinished: {missing})"
     if flagged:
         return f"inconclusive ({flagged} collapsed or stalled runs at the tested widths)"
     if not np.isfinite(p):
@@ -278,8 +341,10 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict."""
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
-    df = completed_only(df, "peak_tests")
+    grids = _declared_grids(df)
     keys = [*curve_keys(df), NOISE]
+    missing = {key: unfinished(c, width, grids) for key, c in df.groupby(keys, dropna=False, sort=True)}
+    df = completed_only(df, "peak_tests")
     out = []
     for key, c in df.groupby(keys, dropna=False, sort=True):
         name = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
@@ -295,8 +360,9 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
         detectable = mde(pilot_sd, k, alpha)
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing.get(key))
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
-                            detectable, effect, verdict(p, height, detectable, effect, flagged, alpha)))
+                            detectable, effect, says))
     return out
 
 

@@ -1,6 +1,7 @@
 """analysis.design on hand-written pilots whose threshold, collapses, spread and peak are known."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,49 @@ def test_a_collapse_at_a_tested_width_makes_the_verdict_inconclusive(tmp_path):
     df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.05,), sizes=(8192,), collapse_at={(0.05, 12)}))
     (test,) = design.peak_tests(df, pilot_sd=0.01, effect=0.05)
     assert test.flagged_runs == 3 and test.verdict.startswith("inconclusive (3 collapsed")
+
+
+def test_an_unfinished_grid_gives_no_verdict_but_inconclusive_naming_what_is_missing(tmp_path):
+    """The declared test reads the whole grid: the critical width comes from every seed's train error and the power
+    from the declared seeds. On a sweep still running (or stopped half way) the same contrast on the seeds that
+    happened to finish first must not read as the study's verdict."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,))
+    df = load_runs(root)
+    (whole,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)
+    assert whole.verdict == "reproduced"
+    # seed 3 has not reached width 12 yet (no run dir); seed 2's run at width 6 was stopped half way
+    gone = df[(df["seed"] == 3) & (df["model.width"] == 12)].index
+    part = df.drop(gone)
+    part.loc[(part["seed"] == 2) & (part["model.width"] == 6), "status"] = "stopped"
+    (test,) = design.peak_tests(part, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "inconclusive (grid unfinished: 34 of 36 runs finished, 1 stopped, 1 not started)"
+    # a run that diverged is no test-error value either
+    failed = df.copy()
+    failed.loc[(failed["seed"] == 1) & (failed["model.width"] == 32), "status"] = "failed"
+    (test,) = design.peak_tests(failed, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "inconclusive (grid unfinished: 35 of 36 runs finished, 1 failed)"
+
+
+def test_the_grid_a_sweep_declared_counts_seeds_and_widths_that_never_started(tmp_path):
+    """A seed (or width) no run dir holds yet is missing too: the sweeper's study records its grid."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper.protocol import declared_grid
+
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,))
+    storage = f"sqlite:///{root / 'optuna.db'}"
+    study = optuna.create_study(study_name="dd", storage=storage)
+    study._storage.set_study_system_attr(study._study_id, "vitsweep:grid",
+                                         {"model.width": WIDTHS, "seed": [0, 1, 2, 3]})
+    for summary in root.glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        summary.write_text(json.dumps({**s, "study_name": "dd", "study_storage": storage}))
+    assert declared_grid(storage, "dd") == {"model.width": WIDTHS, "seed": [0, 1, 2, 3]}
+    (test,) = design.peak_tests(load_runs(root, optuna_state=False), pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "inconclusive (grid unfinished: 27 of 36 runs finished, 9 not started)"
+    out = tmp_path / "test.md"
+    assert design.main(["test", str(root), "--pilot", str(root), "--out", str(out)]) == 0
+    assert "27 of 36 runs finished" in out.read_text()
 
 
 def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "env_overrides",
-           "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
+__all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "declared_grid",
+           "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
            "open_existing_storage", "open_storage", "runtime_keys", "stacker", "trial_of_env", "trial_of_hydra",
            "trial_of_run_dir"]
 
@@ -109,6 +109,18 @@ def open_existing_storage(url: str):
     if local is not None and not Path(local.split("?", 1)[0]).is_file():
         raise FileNotFoundError(f"no such file {local} (relative paths are from {Path.cwd()})")
     return open_storage(url, existing=True)
+
+
+def declared_grid(url: str, study_name: str) -> dict[str, list] | None:
+    """The grid a grid study declared when it started, ``{param: [values]}`` as the sweeper stored it for resumes,
+    or None (not a grid study, or written before the sweeper kept it). Reads only; a local file must exist."""
+    from ._study import GRID_ATTR, study_id
+
+    storage = open_existing_storage(url)
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return storage.get_study_system_attrs(study_id(study)).get(GRID_ATTR)
 
 
 def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
