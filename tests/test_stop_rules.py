@@ -198,3 +198,21 @@ def test_a_stopped_run_s_exception_survives_pickling_so_a_pool_worker_can_send_i
     back = pickle.loads(pickle.dumps(RunInterrupted(15, {"stop_reason": "interrupted"})))
     assert isinstance(back, SystemExit) and back.code == 143 and back.signum == 15
     assert back.summary == {"stop_reason": "interrupted"}
+
+
+@pytest.mark.parametrize("model", [("model=cnn", "model.width=2"), ()])
+def test_a_stop_rule_that_never_fires_leaves_the_training_bitwise_the_same(tiny_cfg, tmp_path, model):
+    """A run that reached its epoch cap under the convergence rule is the fixed-budget run of the same cap: the rule
+    only reads the train error, so the double-descent studies' fixed-budget arms take those runs as they are and
+    train only the runs the rule ended early (docs/studies/double_descent_cnn/report.md)."""
+    runs = {}
+    for rule in ("trainer.converge_epochs=null", "trainer.converge_epochs=20"):
+        run_dir = tmp_path / rule.rsplit("=", 1)[1]
+        summary = train(tiny_cfg(*model, "trainer.max_epochs=6", rule, "trainer.converge_tol=0.0",
+                                 "scheduler=constant", "optimizer.lr=3e-3", "dataset.n_train=200"), run_dir)
+        assert summary["stop_reason"] == "max_epochs"
+        timing = ("wall_s", "images_per_s", "train_images_per_s")
+        runs[rule] = ([{k: v for k, v in r.items() if k not in timing} for r in rows_of(run_dir)],
+                      {k: summary[k] for k in ("train_error", "train_loss", "test_error", "test_loss", "epochs")})
+    (free, free_end), (ruled, ruled_end) = runs.values()
+    assert len(free) == 6 and free == ruled and free_end == ruled_end
