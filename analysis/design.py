@@ -38,6 +38,9 @@ every declared seed's train errors and the power from the declared seeds, so whi
 widths x seeds its sweep declared, read from the study's storage, else those its runs hold) has not finished, the
 verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; the contrast on the seeds that
 happened to finish first is printed but is not the declared test.
+
+A fixed-budget arm whose sweep trained only the runs the convergence rule ended early names the convergence arm's
+sweeps with ``--capped-from``: their runs that reached the same cap stand for the rest of its grid (``with_capped``).
 """
 from __future__ import annotations
 
@@ -67,6 +70,41 @@ ALPHA, POWER = 0.05, 0.8
 def curve_keys(df: pd.DataFrame) -> list[str]:
     """The keys of ``CURVE_KEYS`` that vary in ``df`` (one curve per combination, and per noise level)."""
     return [k for k in CURVE_KEYS if k in df.columns and df[k].nunique(dropna=False) > 1]
+
+
+def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
+    """A fixed-budget arm's runs (``main``) with the runs of another arm (``capped``: the convergence arm) that ran
+    to the same epoch cap, for each (curve, width, seed) ``main`` holds no run of.
+
+    A stop rule that never fired did not change the training (bitwise: ``tests/test_stop_rules.py``), so a run that
+    reached the cap under the convergence rule is the fixed-budget run of that cap, and the fixed arm's own sweep
+    need train only what the rule ended early. Taken: completed runs stopped by ``max_epochs`` at the same
+    ``trainer.max_epochs`` as ``main``'s, in one of ``main``'s curves (the curve keys but the stop rule's);
+    they join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps
+    ``main``'s run. Their studies' declared grids still count towards ``unfinished``."""
+    width = width or width_column(main)
+    budget = main["trainer.max_epochs"].dropna().unique() if "trainer.max_epochs" in main else []
+    if len(budget) != 1:
+        raise ValueError("a fixed-budget arm has one trainer.max_epochs; these runs have "
+                         f"{sorted(budget) or 'none'}: pass one arm's sweep dirs")
+    keys = [k for k in (*CURVE_KEYS, NOISE) if k != "trainer.converge_epochs" and k in main and k in capped]
+    ids = [*keys, width, SEED]
+    ok = ((capped["status"] == "completed") & (capped.get("stop_reason") == "max_epochs")
+          & (pd.to_numeric(capped.get("trainer.max_epochs"), errors="coerce") == budget[0]))
+    if "epochs" in capped:
+        ok &= pd.to_numeric(capped["epochs"], errors="coerce") == budget[0]
+    held = set(main[ids].astype(str).itertuples(index=False, name=None))
+    curves = set(main[keys].astype(str).itertuples(index=False, name=None))
+    c = capped[ok]
+    take = [i for i, row, curve in zip(c.index, c[ids].astype(str).itertuples(index=False, name=None),
+                                        c[keys].astype(str).itertuples(index=False, name=None), strict=True)
+            if row not in held and curve in curves]
+    add = capped.loc[take].copy()
+    if "trainer.converge_epochs" in main:
+        add["trainer.converge_epochs"] = main["trainer.converge_epochs"].iloc[0]
+    out = pd.concat([main, add], ignore_index=True)
+    out.attrs = main.attrs
+    return out
 
 
 def _flagged(df: pd.DataFrame) -> pd.Series:
@@ -463,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     p_test = sub.add_parser("test", help="apply the declared peak test to a main run")
     p_test.add_argument("paths", nargs="+")
     p_test.add_argument("--pilot", nargs="+", required=True, help="the pilot's sweep dirs (its spread gives power)")
+    p_test.add_argument("--capped-from", nargs="+", default=[], metavar="DIR",
+                        help="a fixed-budget arm: take these sweeps' runs (the convergence arm) that ran to the same "
+                             "epoch cap for the (width, seed) pairs the arm's own sweep did not train (with_capped)")
     for p in (p_plan, p_test):
         p.add_argument("--center", choices=CENTERS, default="critical",
                        help="the width a peak is tested at (critical: the declared rule; threshold: sensitivity)")
@@ -490,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
         sp = spread(pilot, tol=a.tol, rule=a.center)
         main_runs = load_runs(a.paths, optuna_state=False)
+        if a.capped_from:
+            main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
     print(text)
     if a.out:

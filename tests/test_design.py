@@ -184,6 +184,43 @@ def test_the_grid_a_sweep_declared_counts_seeds_and_widths_that_never_started(tm
     assert "27 of 36 runs finished" in out.read_text()
 
 
+def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs_it_did_not_train(tmp_path):
+    """double_descent_cnn's fixed-budget arm trains only what the convergence rule ended early: a run that reached
+    the same cap under that rule is the fixed arm's run of its (width, seed) (tests/test_stop_rules.py)."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    rng = np.random.default_rng(0)
+    for s in range(4):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, 8192)
+            early = w >= 8 and not (w == 8 and s == 0)  # the rule ended these; C1 8 seed 0 ran to the cap
+            summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
+                       "epochs": 120 if early else 300, "train_error": train,
+                       "test_error": test + 0.03 * early + rng.normal(0, 0.01)}
+            write_run(conv, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if w >= 8:  # the fixed arm's own sweep: widths 8-32, every seed, the whole budget
+                write_run(fixed, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
+                          {**summary, "stop_reason": "max_epochs", "epochs": 300, "test_error": test})
+    main = load_runs(fixed, optuna_state=False)
+    both = design.with_capped(main, load_runs(conv, optuna_state=False))
+    assert len(both) == 4 * len(WIDTHS)  # C1 8 seed 0 from the fixed arm, not twice
+    taken = both[both["run_dir"].str.contains("conv")]
+    assert set(taken["model.width"]) == {1, 2, 3, 4, 6} and (taken["stop_reason"] == "max_epochs").all()
+    assert taken["trainer.converge_epochs"].isna().all()  # one curve with the fixed arm's runs
+    (test,) = design.peak_tests(both, pilot_sd=0.015, effect=0.05)
+    assert (test.center, test.left, test.right, test.seeds) == (6.0, 3.0, 12.0, 4) and test.verdict == "reproduced"
+    # alone, the fixed arm's sweep is not the arm's grid: no threshold below its narrowest width
+    (alone,) = design.peak_tests(main, pilot_sd=0.015, effect=0.05)
+    assert alone.verdict.startswith("inconclusive")
+    # a capped run under another cap is no run of this budget: none is taken
+    other = load_runs(conv, optuna_state=False).assign(**{"trainer.max_epochs": 200})
+    (short,) = design.peak_tests(design.with_capped(main, other), pilot_sd=0.015, effect=0.05)
+    assert short.verdict.startswith("inconclusive")
+    out = tmp_path / "test.md"
+    assert design.main(["test", str(fixed), "--capped-from", str(conv), "--pilot", str(conv), "--out", str(out)]) == 0
+    assert "| reproduced |" in out.read_text()
+
+
 def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):
     write_pilot(tmp_path, collapse_at={(0.05, 8)})
     assert design.main(["plan", str(tmp_path), "--seeds", "3,6"]) == 0
