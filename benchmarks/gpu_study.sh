@@ -6,6 +6,7 @@
 #   OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh             # pilot, design rules, main
 #   MODE=main PROCS=10 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh   # the declared main (scale=main, 2 arms)
 #   MODE=vit_main PROCS=16 OUT=/tmp/out DATA=.gpudata bash benchmarks/gpu_study.sh  # the ViT double descent's main run
+#   MODE=vit_fixed ...  # its fixed-budget arm (scale cpu_fixed; `ARM=fixed bash benchmarks/gpu_records.sh prepare`)
 #   MODE=vit_main RESUME=.gpudata/vit_main TESTS_BOX=0 ... # the same, resumed from an earlier call's runs
 #   ... RESUME=.gpudata/vit_main RESUME_AS=docs/studies/double_descent_vit/records/main_gpu  # from committed records
 #
@@ -64,42 +65,50 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))"
 echo "cpus $(nproc)"
 
-if [ "${MODE:-pilot}" = vit_main ]; then  # the ViT double descent's declared main run (scale cpu: 96 runs, 20% noise)
+if [ "${MODE:-pilot}" = vit_main ] || [ "${MODE:-pilot}" = vit_fixed ]; then  # the ViT double descent's declared main
+  # run (scale cpu: 96 runs, 20% noise; its convergence arm) or its fixed-budget arm (MODE=vit_fixed: scale cpu_fixed,
+  # 60 runs of 500 epochs at dims 20-64, the rest of its grid being the convergence arm's capped runs,
+  # records/main_gpu; the scale's header). Below, vit_main stands for either: the sweep dir, the files that come back.
+  N=$MODE ARM=(scale=cpu) CAPPED=()
+  if [ "$N" = vit_fixed ]; then
+    ARM=(scale=cpu_fixed trainer.converge_epochs=null)
+    CAPPED=(--capped-from docs/studies/double_descent_vit/records/main_gpu)
+  fi
   # DATA must hold the full mnist.npz (cp ../shared/data/mnist.npz .gpudata/: the subsets are drawn from all 60,000
   # training images, so a prefix archive would give other runs); a second call on the warm machine resumes it, and
-  # every run's checkpoint comes back in ckpt_vit_main.tar.gz.* parts (cat them, untar into a sweep dir) for
+  # every run's checkpoint comes back in ckpt_${N}.tar.gz.* parts (cat them, untar into a sweep dir) for
   # a later call or session. The CUDA tests run beside it (TESTS_BOX seconds, 2 processes, each result named in
   # logs/tests.log; 0: none).
   # RESUME: a folder of the checkout holding an earlier call's sweep dir with its checkpoints (carried; made here with
-  # `cat ckpt_vit_main.tar.gz.* | tar xzf -` over `tar xzf records_vit_main.tar.gz`): its paths are $W/vit_main's
+  # `cat ckpt_${N}.tar.gz.* | tar xzf -` over `tar xzf records_${N}.tar.gz`): its paths are $W/$N's
   # RESUME_AS: RESUME is a committed records folder (the committed checkpoints untarred into it, if any: a run without
   # one starts afresh) whose paths are relative to the repository: its own (RESUME_AS, e.g.
   # docs/studies/double_descent_vit/records/main_gpu) and the dataset's (.gpudata/mnist.npz). Both become this
   # machine's, so the sweeper's recipe check sees the same study (the checkpoints name the dataset's absolute path:
   # the device's checkout has been at /work/main, as here). Only for records never rewritten before (a relative
-  # .gpudata/mnist.npz); a second call on the warm machine keeps $W/vit_main as it is.
-  if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/vit_main" ]; then
-    cp -a "$RESUME" "$W/vit_main" && echo "resuming $RESUME ($(ls "$RESUME"/*/summary.json | wc -l) runs)"
-    [ -n "${RESUME_AS:-}" ] && python3 -m analysis.records "$W/vit_main" --in-place --replace "$RESUME_AS=$W/vit_main" \
+  # .gpudata/mnist.npz); a second call on the warm machine keeps $W/$N as it is.
+  if [ -n "${RESUME:-}" ] && [ -d "$RESUME" ] && [ ! -d "$W/$N" ]; then
+    cp -a "$RESUME" "$W/$N" && echo "resuming $RESUME ($(ls "$RESUME"/*/summary.json | wc -l) runs)"
+    [ -n "${RESUME_AS:-}" ] && python3 -m analysis.records "$W/$N" --in-place --replace "$RESUME_AS=$W/$N" \
       --replace ".gpudata/mnist.npz=$DATA/mnist.npz" | tail -n 1
   fi
   [ "${TESTS_BOX:-240}" -gt 0 ] && step tests "${TESTS_BOX:-240}" python3 -m pytest -p no:cacheprovider -v -rf -n 2 \
     tests/test_speed_paths.py tests/test_stacked.py &
-  step vit_main $(( $(left) - 110 )) python3 -m src.sweep double_descent_vit scale=cpu dataset.root="$DATA/mnist.npz" \
-    "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/vit_main"
+  step $N $(( $(left) - 110 )) python3 -m src.sweep double_descent_vit "${ARM[@]}" dataset.root="$DATA/mnist.npz" \
+    "${GPU[@]}" "${EXTRA[@]}" "hydra.sweep.dir=$W/$N"
   wait
   # every run's checkpoint, finished runs' too: a run whose trial is not complete (stacked members handed back by a
   # stop before 2026-11-27, when a group told its members only at its end) returns its result from its final
   # checkpoint when resumed, and without it trains again from scratch (11 dim-20 runs of 2026-11-27 04:47 whose final
   # checkpoints were not packed); gpu_records.sh recopy commits those of the runs whose trials are not complete
-  rm -f "$OUT"/ckpt_vit_main.tar.gz.*
-  (cd "$W" && ls vit_main/*/checkpoint.pt 2>/dev/null) >"$LOG/resumable.txt"
-  [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" vit_main/.launcher \
-    | split -b 15M - "$OUT/ckpt_vit_main.tar.gz."
-  python3 -m analysis.design test "$W/vit_main" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
-    --out "$LOG/test_vit_main.md" >/dev/null 2>>"$LOG/plan.err"
-  ls "$W/vit_main"/*/summary.json 2>/dev/null | wc -l | xargs echo "vit_main summaries:"
-  tar -czf "$OUT/records_vit_main.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher vit_main 2>/dev/null
+  rm -f "$OUT"/ckpt_${N}.tar.gz.*
+  (cd "$W" && ls $N/*/checkpoint.pt 2>/dev/null) >"$LOG/resumable.txt"
+  [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" $N/.launcher \
+    | split -b 15M - "$OUT/ckpt_${N}.tar.gz."
+  python3 -m analysis.design test "$W/$N" "${CAPPED[@]}" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
+    --out "$LOG/test_${N}.md" >/dev/null 2>>"$LOG/plan.err"
+  ls "$W/$N"/*/summary.json 2>/dev/null | wc -l | xargs echo "$N summaries:"
+  tar -czf "$OUT/records_${N}.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher $N 2>/dev/null
   tar -czf "$OUT/logs.tar.gz" -C "$W" logs
   echo "total $((SECONDS - T0)) s"
   exit 0
