@@ -57,6 +57,7 @@ from scipy import stats
 from analysis.double_descent import width_column
 from analysis.load import completed_only, load_runs, require_columns
 from analysis.tables import to_markdown
+from src.run_contract import RUNTIME_KEYS
 
 NOISE = "label_noise.p"
 LR = "optimizer.lr"
@@ -72,6 +73,19 @@ def curve_keys(df: pd.DataFrame) -> list[str]:
     return [k for k in CURVE_KEYS if k in df.columns and df[k].nunique(dropna=False) > 1]
 
 
+def _norm(v):
+    """One spelling of a key's value in both frames: 8, 8.0 and "8" alike; NaN and None alike."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "nan"
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+STOP_RULE_KEYS = ("trainer.converge_epochs", "trainer.converge_tol")  # what the two arms may differ in
+
+
 def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
     """A fixed-budget arm's runs (``main``) with the runs of another arm (``capped``: the convergence arm) that ran
     to the same epoch cap, for each (curve, width, seed) ``main`` holds no run of.
@@ -79,33 +93,54 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     A stop rule that never fired did not change the training (bitwise: ``tests/test_stop_rules.py``), so a run that
     reached the cap under the convergence rule is the fixed-budget run of that cap, and the fixed arm's own sweep
     need train only what the rule ended early. Taken: completed runs stopped by ``max_epochs`` at the same
-    ``trainer.max_epochs`` as ``main``'s, in one of ``main``'s curves (the curve keys but the stop rule's);
-    they join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps
-    ``main``'s run. Their studies' declared grids still count towards ``unfinished``."""
+    ``trainer.max_epochs`` as ``main``'s, in one of ``main``'s curves (the curve keys but the stop rule's); they
+    join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps ``main``'s run.
+    The other runs of ``capped`` at pairs ``main`` lacks join too, as not finished (a run the rule ended early gets
+    status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
+    that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
+    dataset, model, optimizer, precision or device is another recipe, and raises."""
     width = width or width_column(main)
     budget = main["trainer.max_epochs"].dropna().unique() if "trainer.max_epochs" in main else []
     if len(budget) != 1:
         raise ValueError("a fixed-budget arm has one trainer.max_epochs; these runs have "
                          f"{sorted(budget) or 'none'}: pass one arm's sweep dirs")
-    keys = [k for k in (*CURVE_KEYS, NOISE) if k != "trainer.converge_epochs" and k in main and k in capped]
+    keys = [k for k in (*CURVE_KEYS, NOISE) if k not in STOP_RULE_KEYS and k in main and k in capped]
     ids = [*keys, width, SEED]
-    ok = ((capped["status"] == "completed") & (capped.get("stop_reason") == "max_epochs")
-          & (pd.to_numeric(capped.get("trainer.max_epochs"), errors="coerce") == budget[0]))
-    if "epochs" in capped:
-        ok &= pd.to_numeric(capped["epochs"], errors="coerce") == budget[0]
-    held = set(main[ids].astype(str).itertuples(index=False, name=None))
-    curves = set(main[keys].astype(str).itertuples(index=False, name=None))
-    c = capped[ok]
-    take = [i for i, row, curve in zip(c.index, c[ids].astype(str).itertuples(index=False, name=None),
-                                        c[keys].astype(str).itertuples(index=False, name=None), strict=True)
-            if row not in held and curve in curves]
-    add = capped.loc[take].copy()
+
+    def tuples(df: pd.DataFrame, cols: list[str]) -> list[tuple]:
+        return [tuple(_norm(v) for v in row) for row in df[cols].itertuples(index=False, name=None)]
+
+    curves = set(tuples(main, keys))
+    c = capped.loc[np.array([k in curves for k in tuples(capped, keys)], dtype=bool)]
+    held = set(tuples(main, ids))
+    c = c.loc[np.array([i not in held for i in tuples(c, ids)], dtype=bool)]
+    runtime = (*RUNTIME_KEYS, *STOP_RULE_KEYS, width, SEED)
+    fixed = [k for k in main.attrs.get("config_columns", [])
+             if k in c and not k.startswith(("hydra.", "logger.", "trial.")) and k not in runtime
+             and main[k].map(_norm).nunique() == 1]
+    differ = {k: sorted({str(v) for v in c[k].map(_norm)} - {str(_norm(main[k].iloc[0]))}) for k in fixed}
+    differ = {k: v for k, v in differ.items() if v}
+    if differ:
+        raise ValueError("--capped-from runs of another recipe than the fixed-budget arm's: "
+                         + "; ".join(f"{k} = {v} there, {main[k].iloc[0]!r} here" for k, v in differ.items())
+                         + ". Pass the convergence arm of the same study, device and precision")
+    if c.duplicated(ids).any():
+        warnings.warn(f"--capped-from: {int(c.duplicated(ids).sum())} runs repeat a (curve, width, seed); the first "
+                      "of each is taken", stacklevel=2)
+        c = c[~c.duplicated(ids)]
+    c = c.copy()
+    capped_ok = ((c["status"] == "completed") & (c.get("stop_reason") == "max_epochs")
+                 & (pd.to_numeric(c.get("trainer.max_epochs"), errors="coerce") == budget[0]))
+    if "epochs" in c:
+        capped_ok &= pd.to_numeric(c["epochs"], errors="coerce") == budget[0]
+    c.loc[~capped_ok & (c["status"] == "completed"), "status"] = "ended early"
+    for col in ("train_error", "test_error"):
+        c.loc[~capped_ok, col] = np.nan
     if "trainer.converge_epochs" in main:
-        add["trainer.converge_epochs"] = main["trainer.converge_epochs"].iloc[0]
-    out = pd.concat([main, add], ignore_index=True)
+        c["trainer.converge_epochs"] = main["trainer.converge_epochs"].iloc[0]
+    out = pd.concat([main, c], ignore_index=True)
     out.attrs = main.attrs
     return out
-
 
 def _flagged(df: pd.DataFrame) -> pd.Series:
     out = pd.Series(False, index=df.index)
@@ -381,12 +416,13 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
     keys = [*curve_keys(df), NOISE]
-    missing = {key: unfinished(c, width, grids) for key, c in df.groupby(keys, dropna=False, sort=True)}
-    df = completed_only(df, "peak_tests")
+    done = completed_only(df, "peak_tests").index
     out = []
-    for key, c in df.groupby(keys, dropna=False, sort=True):
+    for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
+        missing = unfinished(whole, width, grids)
+        c = whole[whole.index.isin(done)]
         name = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
-        t = center(c, width, tol, rule)
+        t = center(c, width, tol, rule) if len(c) else np.nan
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
         flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
@@ -398,7 +434,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
         detectable = mde(pilot_sd, k, alpha)
-        says = verdict(p, height, detectable, effect, flagged, alpha, missing.get(key))
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing)
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
                             detectable, effect, says))
     return out

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis import design, load_runs
@@ -216,6 +217,23 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     other = load_runs(conv, optuna_state=False).assign(**{"trainer.max_epochs": 200})
     (short,) = design.peak_tests(design.with_capped(main, other), pilot_sd=0.015, effect=0.05)
     assert short.verdict.startswith("inconclusive")
+    # review findings (2026-11-27): the convergence arm's runs the rule ended early at pairs the fixed arm's sweep
+    # lacks are missing runs of this arm, not absent from its grid
+    narrow = main[main["model.width"] > 8]
+    (short8,) = design.peak_tests(design.with_capped(narrow, load_runs(conv, optuna_state=False)), 0.015, 0.05)
+    assert short8.verdict == "inconclusive (grid unfinished: 33 of 36 runs finished, 3 ended early)"
+    # another recipe is refused, naming the key
+    mnist = load_runs(conv, optuna_state=False).assign(**{"dataset.name": "mnist"})
+    with pytest.raises(ValueError, match=r"dataset.name = \['mnist'\] there, 'cifar10' here"):
+        design.with_capped(main, mnist)
+    # widths and seeds stored as floats on one side still name the same pairs (no pair twice)
+    floats = load_runs(conv, optuna_state=False).astype({"model.width": float, "seed": float})
+    assert len(design.with_capped(main, floats)) == 4 * len(WIDTHS)
+    # both arms in one call: a curve keyed by a null (converge_epochs) is still checked for missing runs
+    fixed_part = main.drop(main[(main["seed"] == 3) & (main["model.width"] >= 12)].index)
+    two = pd.concat([load_runs(conv, optuna_state=False), fixed_part], ignore_index=True)
+    verdicts = [t.verdict for t in design.peak_tests(two, pilot_sd=0.015, effect=0.05)]
+    assert any(v.startswith("inconclusive (grid unfinished: 13 of 16 runs") for v in verdicts), verdicts
     out = tmp_path / "test.md"
     assert design.main(["test", str(fixed), "--capped-from", str(conv), "--pilot", str(conv), "--out", str(out)]) == 0
     assert "| reproduced |" in out.read_text()
@@ -253,7 +271,6 @@ def test_compact_records_keep_what_the_analysis_reads_with_paths_made_relative(t
 
 
 def test_the_declared_fit_range_keeps_only_sizes_where_every_seed_interpolated():
-    import pandas as pd
 
     from analysis.fits import overfitting_regime
 
