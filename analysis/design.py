@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.double_descent import width_column
+from analysis.double_descent import descent_curves, width_column
 from analysis.load import completed_only, load_runs, require_columns
 from analysis.tables import to_markdown
 from src.run_contract import RUNTIME_KEYS
@@ -525,6 +525,17 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
             + to_markdown(rows) + "\n")
 
 
+def curves_markdown(df: pd.DataFrame) -> str:
+    """The curves the test read: per curve and width, the finished runs' seed count and mean train and test error
+    (observations beside the test, not part of it)."""
+    width = width_column(df)
+    keys = [*curve_keys(df), NOISE]
+    c = descent_curves(df, width, by=[k for k in keys if k != NOISE])
+    cols = [*keys, width, "n_seeds", "train_mean", "train_std", "test_mean", "test_std"]
+    return ("\n## The curves it read (finished runs; observations, not the test)\n\n"
+            + to_markdown(c[[k for k in cols if k in c]]) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.design", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -540,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     p_test.add_argument("--capped-from", nargs="+", default=[], metavar="DIR",
                         help="a fixed-budget arm: take these sweeps' runs (the convergence arm) that ran to the same "
                              "epoch cap for the (width, seed) pairs the arm's own sweep did not train (with_capped)")
+    p_test.add_argument("--curves", action="store_true",
+                        help="also print each curve's finished runs per width (seeds, mean train and test error)")
     for p in (p_plan, p_test):
         p.add_argument("--center", choices=CENTERS, default="critical",
                        help="the width a peak is tested at (critical: the declared rule; threshold: sensitivity)")
@@ -570,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
+        if a.curves:
+            text += curves_markdown(main_runs)
     print(text)
     if a.out:
         from pathlib import Path

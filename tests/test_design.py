@@ -235,8 +235,12 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     verdicts = [t.verdict for t in design.peak_tests(two, pilot_sd=0.015, effect=0.05)]
     assert any(v.startswith("inconclusive (grid unfinished: 13 of 16 runs") for v in verdicts), verdicts
     out = tmp_path / "test.md"
-    assert design.main(["test", str(fixed), "--capped-from", str(conv), "--pilot", str(conv), "--out", str(out)]) == 0
-    assert "| reproduced |" in out.read_text()
+    assert design.main(["test", str(fixed), "--capped-from", str(conv), "--pilot", str(conv), "--curves",
+                        "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| reproduced |" in text
+    rows = [r for r in text.split("## The curves it read")[1].splitlines() if r.startswith("| 0.2 |")]
+    assert len(rows) == len(WIDTHS) and all(r.split("|")[3].strip() == "4" for r in rows)  # 4 seeds a width
 
 
 def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):
