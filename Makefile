@@ -55,6 +55,9 @@ reports: install
 	$(PY) -m analysis.design plan $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/pilot_plan.md
 	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_test.md
+	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main_fixed --capped-from \
+		$(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 --curves \
+		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_fixed_test.md
 	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --out $(S)/double_descent_vit/analysis/pilot_plan.md
 	$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/earlier_cpu \
 		$(S)/double_descent_cnn_cifar10/records/earlier_cpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/earlier_cpu

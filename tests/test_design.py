@@ -361,20 +361,26 @@ def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, 
     assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
 
 
-DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/)
+DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/, capped-from)
     *[("double_descent_cnn_cifar10", [f"records/{arm}"], ["records/pilot_gpu", "records/pilot_gpu_threshold"], c,
-       f"{arm}/{name}") for arm in ("main", "main_fixed")
+       f"{arm}/{name}", []) for arm in ("main", "main_fixed")
       for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
-    ("double_descent_cnn", ["records/main", "records/main_seed6"], ["records/pilot_gpu"], "critical", "main_test.md")]
+    ("double_descent_cnn", ["records/main", "records/main_seed6"], ["records/pilot_gpu"], "critical", "main_test.md",
+     []),
+    ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
+     ["records/main", "records/main_seed6"])]
 
 
-@pytest.mark.parametrize("study, main, pilot, center, name", DECLARED_TESTS)
-def test_each_declared_test_regenerates_from_its_committed_records(study, main, pilot, center, name, tmp_path):
-    """The verdict a report states, from the main run's records and the pilot's spread (the declared power)."""
+@pytest.mark.parametrize("study, main, pilot, center, name, capped", DECLARED_TESTS)
+def test_each_declared_test_regenerates_from_its_committed_records(study, main, pilot, center, name, capped,
+                                                                  tmp_path):
+    """The verdict a report states, from the main run's records and the pilot's spread (the declared power); a
+    fixed-budget arm that trained only what the convergence rule ended early names that arm (``--capped-from``)."""
     root = STUDIES / study
     out = tmp_path / "test.md"
+    extra = ["--capped-from", *[str(root / d) for d in capped], "--curves"] if capped else []
     design.main(["test", *[str(root / d) for d in main], "--pilot", *[str(root / d) for d in pilot],
-                 "--center", center, "--out", str(out)])
+                 "--center", center, *extra, "--out", str(out)])
     assert out.read_text() == (root / "analysis" / name).read_text()
 
 
