@@ -525,6 +525,26 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
             + to_markdown(rows) + "\n")
 
 
+def precision_note(df: pd.DataFrame) -> str:
+    """A line naming each curve whose finished runs trained at more than one precision (``precision=auto`` times
+    its candidates on the machine at each start, so one grid can mix them; a pinned precision cannot), else ""."""
+    if "precision" not in df.columns or "status" not in df.columns:
+        return ""
+    done = df[df["status"] == "completed"]
+    keys = [*curve_keys(df), NOISE]
+    mixed = []
+    for key, c in done.groupby(keys, dropna=False, sort=True):
+        counts = c["precision"].fillna("unknown").value_counts()
+        if len(counts) > 1:
+            where = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+            by_width = (c[c["precision"] != counts.index[0]].groupby(width_column(df))["precision"].size())
+            mixed.append(f"{where}: " + ", ".join(f"{n} {p}" for p, n in counts.items())
+                         + " (the fewer at " + ", ".join(f"{w:g}" for w in by_width.index) + ")")
+    if not mixed:
+        return ""
+    return ("\nMixed precisions among the finished runs (the test treats them alike): " + "; ".join(mixed) + ".\n")
+
+
 def curves_markdown(df: pd.DataFrame) -> str:
     """The curves the test read: per curve and width, the finished runs' seed count and mean train and test error
     (observations beside the test, not part of it)."""
@@ -583,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
+        text += precision_note(main_runs)
         if a.curves:
             text += curves_markdown(main_runs)
     print(text)

@@ -243,6 +243,16 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     assert len(rows) == len(WIDTHS) and all(r.split("|")[3].strip() == "4" for r in rows)  # 4 seeds a width
 
 
+
+def test_the_test_names_a_curve_whose_runs_trained_at_mixed_precisions(tmp_path):
+    """precision=auto times its candidates at each start, so one grid can mix fp32 and bf16 runs (the MNIST CNN's
+    main run: 7 of 40 fp32); the test's output says so instead of treating the grid as one recipe silently."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1), lrs=(0.02,), sizes=(8192,)), optuna_state=False)
+    assert design.precision_note(df.assign(precision="bf16")) == ""
+    mixed = df.assign(precision=np.where((df["model.width"] <= 2) & (df["seed"] == 1), "fp32", "bf16"))
+    assert design.precision_note(mixed) == ("\nMixed precisions among the finished runs (the test treats them alike): "
+                                            "label_noise.p=0.2: 16 bf16, 2 fp32 (the fewer at 1, 2).\n")
+
 def test_the_plan_command_prints_the_rule_and_the_power_table(tmp_path, capsys):
     write_pilot(tmp_path, collapse_at={(0.05, 8)})
     assert design.main(["plan", str(tmp_path), "--seeds", "3,6"]) == 0
