@@ -55,7 +55,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.double_descent import descent_curves, width_column
-from analysis.load import completed_only, load_runs, require_columns
+from analysis.load import completed_only, load_runs, require_columns, studies_of
 from analysis.tables import to_markdown
 from src.run_contract import RUNTIME_KEYS
 
@@ -153,16 +153,12 @@ def _flagged(df: pd.DataFrame) -> pd.Series:
 def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
     """(study_storage, study_name) -> the grid that study declared (the sweeper's record), for every study the runs
     name whose storage opens and holds one; a study that cannot be read warns and is left out."""
-    from analysis.load import _moved_sqlite
     from hydra_plugins.vitsweep_sweeper.protocol import declared_grid
 
-    if not {"study_storage", "study_name"} <= set(df.columns):
-        return {}
     out = {}
-    for storage, name in df[["study_storage", "study_name"]].dropna().drop_duplicates().itertuples(index=False):
-        sel = (df["study_storage"] == storage) & (df["study_name"] == name)
+    for storage, name, _, found in studies_of(df):
         try:
-            grid = declared_grid(_moved_sqlite(storage, df.loc[sel, "run_dir"]) or storage, name)
+            grid = declared_grid(found, name)
         except Exception as e:  # moved storage, another machine's server: the runs' own grid is used instead
             warnings.warn(f"cannot read the grid study '{name}' declared at {storage} ({e}); counting the widths and "
                           "seeds its runs hold", stacklevel=3)
@@ -170,7 +166,6 @@ def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
         if grid:
             out[(storage, name)] = grid
     return out
-
 
 def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
     """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not

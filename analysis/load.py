@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -241,12 +241,19 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def studies_of(df: pd.DataFrame) -> Iterator[tuple[str, str, pd.Series, str]]:
+    """(storage as recorded, study name, the rows of its runs, the storage to open) for every Optuna study the runs
+    name (``study_storage``, ``study_name``); a moved SQLite file is found beside its runs (``_moved_sqlite``)."""
+    if not {"study_storage", "study_name"} <= set(df.columns):
+        return
+    for storage, study_name in df[["study_storage", "study_name"]].dropna().drop_duplicates().itertuples(index=False):
+        sel = (df["study_storage"] == storage) & (df["study_name"] == study_name)
+        yield storage, study_name, sel, _moved_sqlite(storage, df.loc[sel, "run_dir"]) or storage
+
+
 def _optuna_states(df: pd.DataFrame) -> pd.Series:
     states = pd.Series(None, index=df.index, dtype=object)
-    keys = df[["study_storage", "study_name"]].dropna().drop_duplicates()
-    for storage, study_name in keys.itertuples(index=False):
-        sel = (df["study_storage"] == storage) & (df["study_name"] == study_name)
-        found = _moved_sqlite(storage, df.loc[sel, "run_dir"]) or storage
+    for storage, study_name, sel, found in studies_of(df):
         try:
             trials = _study_trials(found, study_name)
         except Exception as e:  # storage moved, or a relative sqlite path from another cwd
