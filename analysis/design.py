@@ -173,15 +173,11 @@ def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] |
     ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
     hold, so a seed that reached some widths and not others counts as missing at the others."""
     grids = grids or {}
-    has_study = {"study_storage", "study_name"} <= set(c.columns)
+    study = ["study_storage", "study_name"]
+    sources = c.groupby(study, dropna=False) if set(study) <= set(c.columns) else [(None, c)]
     expected: set[tuple[float, float]] = set()
-    sources = (c[["study_storage", "study_name"]].astype(object).where(c[["study_storage", "study_name"]].notna(), None)
-               .itertuples(index=False, name=None) if has_study else [(None, None)] * len(c))
-    by_source: dict[tuple, list[int]] = {}
-    for i, src in zip(c.index, sources, strict=True):
-        by_source.setdefault(tuple(src), []).append(i)
-    for src, rows in by_source.items():
-        runs, grid = c.loc[rows], grids.get(src, {})
+    for src, runs in sources:  # runs naming no study form one source, whose grid is what they hold
+        grid = grids.get(src, {})
         widths = [float(w) for w in grid.get(width, runs[width].dropna().unique())]
         seeds = [float(s) for s in grid.get(SEED, runs[SEED].dropna().unique())]
         expected |= {(w, s) for w in widths for s in seeds}
