@@ -331,6 +331,11 @@ def finished_summary(run_dir: Path, rules: StopRules) -> dict[str, Any] | None:
     return s if done else None
 
 
+# runtime keys a finished run may differ in and still be this config's result: not its length (under a cosine
+# schedule another length is another run from step 0; under any, a cap below where the run went is another run)
+SAME_RUN_RUNTIME_KEYS = tuple(k for k in RUNTIME_KEYS if k not in ("trainer.max_epochs", "trainer.max_steps"))
+
+
 def finished_without_checkpoint(cfg: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     """The summary of a finished run whose checkpoints are gone (records copied without them, space freed), where
     the config it ended under (``config.json``) is this one but for runtime keys and its stop still holds: done, as
@@ -345,10 +350,8 @@ def finished_without_checkpoint(cfg: dict[str, Any], run_dir: Path) -> dict[str,
         return None
     if not isinstance(saved, dict):
         return None
-    # stricter than a checkpoint's check: every key present in both, and the run length unchanged (under a cosine
-    # schedule another length is another run from step 0; under any, a cap below where the run went is another run)
-    keep = [r for r in RUNTIME_KEYS if r not in (f"trainer.{k}" for k in ("max_epochs", "max_steps"))]
-    diff = config_differences(saved, cfg, ignore=keep, strict=True)
+    # stricter than a checkpoint's check: every key present in both, and the run length unchanged
+    diff = config_differences(saved, cfg, ignore=SAME_RUN_RUNTIME_KEYS, strict=True)
     if diff:
         log.warning("%s holds a finished run under another config, and no checkpoint: its files are moved aside and "
                     "the run trains again (%s)", run_dir, "; ".join(diff[:5]))
@@ -388,8 +391,7 @@ def check_not_past(path: Path, ckpt: Mapping[str, Any], cfg: Mapping[str, Any]) 
     if past:
         raise ValueError(f"{path} holds a run that trained {epoch} epochs ({step} steps), past {' and '.join(past)}: a "
                          "lower limit cannot shorten it. Fix: a new run dir (hydra.run.dir=...) or "
-                         "trainer.resume=never "
-                         "(moves this run's files aside and trains the shorter run)")
+                         "trainer.resume=never (moves this run's files aside and trains the shorter run)")
 
 
 def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]]) -> RunState:
