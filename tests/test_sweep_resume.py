@@ -184,7 +184,13 @@ def test_sigterm_to_the_whole_process_group_saves_each_running_run_and_starts_no
     assert returncode == 143, out[-3000:]
     assert "UpdateFinishedTrialError" not in log, log[-3000:]
     assert log.count("job #") == 1, f"a job started after the stop:\n{log[-3000:]}"
-    (run_dir,) = [d for d in sweep_dir.glob("[0-9]*") if (d / "summary.json").is_file()]
+    saved = [d for d in sweep_dir.glob("[0-9]*") if (d / "summary.json").is_file()]
+    # one failure in a fresh clone (2026-11-27 13:12, Intel Xeon): no summary, the run dir holding a 0-byte
+    # checkpoint.pt.tmp and the worker log no stop message, as if the worker died mid-save after the sweep had exited;
+    # the message keeps what a next failure needs to be explained
+    listing = {d.name: sorted(p.name for p in d.iterdir()) for d in sweep_dir.glob("[0-9]*")}
+    assert len(saved) == 1, f"runs with a summary: {saved}; run dirs: {listing}\n{out[-3000:]}\n{log[-2000:]}"
+    (run_dir,) = saved
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted", summary
     ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
