@@ -77,7 +77,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
 
 class StopSignal:
     """SIGTERM/SIGINT handlers that ask the loop to stop after the current step (a second SIGINT raises
-    KeyboardInterrupt at once). Installed only in the main thread; elsewhere the default handlers stay."""
+    KeyboardInterrupt at once). Installed only in the main thread; elsewhere the default handlers stay.
+
+    They stay installed until the run's final checkpoint and summary are written: a second SIGTERM there (a sweep's
+    launcher hands a stop on to its workers, which the signal has often reached already) met the default handler
+    and ended the process mid-save. A signal the run did not stop for (it came as the run ended for another
+    reason) is handed on to the handler that was there before, once the block ends without an exception: the
+    process was asked to stop, and a worker must not start its next job."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -98,6 +104,10 @@ class StopSignal:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+        if self.signum is not None:  # the block ended normally: its run did not stop for the signal
+            log.warning("%s came as the run ended: its records are whole; the signal goes on to this process",
+                        signal.Signals(self.signum).name)
+            signal.raise_signal(self.signum)
 
 
 # above this share of their start value left in BatchNorm's running statistics (momentum 0.1: the first 43
@@ -458,19 +468,21 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
             return finish(state, state.stop_reason, checkpoint=False)
         stop = StopSignal()
         state.started = time.perf_counter()
-        with stop.installed(), _progress(state) as pbar:
-            try:
-                reason = run_loop(state, reporter, stop, pbar)
-            except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
-                reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-                state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
-                                                 f"{type(e).__name__}: {e}"))
-                raise
-        summary = finish(state, reason)
+        with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
+            with _progress(state) as pbar:
+                try:
+                    reason = run_loop(state, reporter, stop, pbar)
+                except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
+                    reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+                    state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
+                                                     f"{type(e).__name__}: {e}"))
+                    raise
+            summary = finish(state, reason)
+            if reason == "interrupted" and stop.signum is not None:
+                log.warning("stopped by %s at epoch %d, step %d: checkpoint and summary written to %s; the same "
+                            "command continues the run", signal.Signals(stop.signum).name, state.epoch, state.step,
+                            run_dir)
+                raise RunInterrupted(stop.signum, summary)
     finally:  # the summary closed them; this closes them after an exception that came before it
         state.recorder.trackers.close()
-    if reason == "interrupted" and stop.signum is not None:
-        log.warning("stopped by %s at epoch %d, step %d: checkpoint and summary written to %s; the same command "
-                    "continues the run", signal.Signals(stop.signum).name, state.epoch, state.step, run_dir)
-        raise RunInterrupted(stop.signum, summary)
     return summary

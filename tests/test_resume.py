@@ -149,6 +149,75 @@ def test_a_crashed_run_resumes_exactly_and_a_finished_one_is_not_retrained(tiny_
     assert longer["epochs"] == 6 and [r["epoch"] for r in rows_of(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
 
 
+class OuterStop(Exception):
+    """What the handler that was there before the run's (a sweeper's, a launcher worker's) does with SIGTERM here."""
+
+
+@pytest.fixture
+def outer_sigterm():
+    """SIGTERM handled, outside the run's own handler, by raising OuterStop (pytest's default would end the tests)."""
+    def outer(signum, frame):
+        raise OuterStop(signum)
+    old = signal.signal(signal.SIGTERM, outer)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def sigterm_at_epoch(at_epoch: int):
+    def report(value: float, epoch: int) -> bool:
+        if epoch == at_epoch:
+            signal.raise_signal(signal.SIGTERM)
+        return False
+    return report
+
+
+def sigterm_in(monkeypatch, name: str) -> None:
+    """A SIGTERM to this process as the run's ``src.trainer.<name>`` starts."""
+    import src.trainer as trainer
+
+    real = getattr(trainer, name)
+
+    def with_sigterm(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(trainer, name, with_sigterm)
+
+
+def test_a_second_sigterm_while_a_stopped_run_saves_leaves_its_checkpoint_and_summary_whole(tiny_cfg, tmp_path,
+                                                                                           monkeypatch, outer_sigterm):
+    """Found by an intermittent failure of test_sigterm_to_the_whole_process_group... (tests/test_sweep_resume.py):
+    a SIGTERM to every process of a sweep reaches a launcher worker twice, from the signal and from the launcher's
+    stop. The run's handler was removed before its final checkpoint and summary were written, so a second SIGTERM
+    in that window met the worker's default handler: it died mid-save (a 0-byte checkpoint.pt.tmp, no summary, the
+    sweep's retry back at the last epoch's checkpoint). Under a sweeper's handler the save was cut by its exception."""
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=6", "model=cnn", "model.width=2", "scheduler=constant"]
+    sigterm_in(monkeypatch, "finish")
+    with pytest.raises(SystemExit) as stopped:  # the run's own stop (RunInterrupted), not the outer handler's
+        train(tiny_cfg(*over), tmp_path, reporter=sigterm_at_epoch(2))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    summary = summary_of(tmp_path)
+    assert summary["stop_reason"] == "interrupted" and summary["epochs"] == 2, summary
+    ckpt = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    assert ckpt["step"] == summary["steps"] and not (tmp_path / f"{CHECKPOINT}.tmp").exists()
+
+
+def test_a_sigterm_while_a_finished_run_saves_is_handed_on_once_its_records_are_whole(tiny_cfg, tmp_path,
+                                                                                      monkeypatch, outer_sigterm):
+    """A stop signal that comes as a run ends for another reason does not cut its final save, and is not lost
+    either: once the run's records are whole, it goes to the handler that was there before the run's (a sweeper
+    hands the trial back, a launcher worker ends before a queued job starts; its retry finds the run done)."""
+    over = ["trainer.checkpoint=true", "trainer.max_epochs=3", "model=cnn", "model.width=2", "scheduler=constant"]
+    sigterm_in(monkeypatch, "finish")
+    with pytest.raises(OuterStop):
+        train(tiny_cfg(*over), tmp_path)
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "completed" and summary["epochs"] == 3, summary
+    assert torch.load(tmp_path / CHECKPOINT, weights_only=True)["step"] == summary["steps"]
+    monkeypatch.undo()
+    again = train(tiny_cfg(*over), tmp_path)  # the sweep's retry: done, not trained again
+    assert again["steps"] == summary["steps"] and again["objective"] == summary["objective"]
+
+
 @pytest.mark.parametrize("first, longer", [
     (["trainer.max_epochs=2"], ["trainer.max_epochs=3"]),  # a finished cosine run
     (["trainer.max_epochs=2", "trainer.max_steps=5"], ["trainer.max_epochs=2", "trainer.max_steps=7"]),  # unfinished
