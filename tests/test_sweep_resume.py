@@ -148,7 +148,9 @@ def test_sigterm_to_src_sweep_stops_the_sweep_itself_and_hands_its_trials_back(t
     saved = [sweep_dir / str(t.number) for t in handed if (sweep_dir / str(t.number) / "summary.json").is_file()]
     listing = {d.name: sorted(p.name for p in d.iterdir()) for d in sweep_dir.glob("[0-9]*")}
     # one failure in about 20 quiet runs (2026-11-27, a fresh clone on an Intel Xeon): neither handed-back trial's dir
-    # had a summary; not reproduced in 13 runs since, so the message keeps what a next failure needs to be explained
+    # had a summary. Likely the second-SIGTERM race fixed in src/trainer.py: the launcher's stop ends a worker that is
+    # between jobs (its SIGTERM handler the default), and the executor then SIGTERMs the other workers again
+    # (ProcessPoolExecutor's terminate_broken), which could meet a run between its handler and its final save
     assert saved, f"no run stopped with its records (the one training had two epochs): {listing}\n{out[-3000:]}"
     for run_dir in saved:  # a job stopped before its training began has no records yet
         summary = json.loads((run_dir / "summary.json").read_text())
