@@ -62,16 +62,24 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
            "trainer.progress=false", f"trainer.device={args.device}", "trainer.checkpoint=false",
            f"hydra.sweep.dir={out}", *MODES[name], *args.extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    start, peak = time.perf_counter(), 0
+    start, peaks = time.perf_counter(), [0]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)
     reader.start()
-    while proc.poll() is None:  # every 0.5 s: scanning /proc costs CPU the grid would otherwise use
-        peak = max(peak, tree_rss(proc.pid))
-        time.sleep(0.5)
+
+    def sample() -> None:  # every 0.5 s: scanning /proc costs CPU the grid would otherwise use
+        while proc.poll() is None:
+            peaks.append(tree_rss(proc.pid))
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    proc.wait()  # the wall ends at the exit (a poll between sleeps added up to 0.5 s to it, 0.25 s on average)
     wall = time.perf_counter() - start
     reader.join()
+    sampler.join()
+    peak = max(peaks)
     if proc.returncode:
         sys.exit(f"{name}: exit {proc.returncode}\n{''.join(log[-40:])}")
     runs = {}
