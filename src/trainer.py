@@ -83,7 +83,9 @@ class StopSignal:
     launcher hands a stop on to its workers, which the signal has often reached already) met the default handler
     and ended the process mid-save. A signal the run did not stop for (it came as the run ended for another
     reason) is handed on to the handler that was there before, once the block ends without an exception: the
-    process was asked to stop, and a worker must not start its next job."""
+    process was asked to stop, and a worker must not start its next job. A sweep's retry of such a run finds it
+    done under ``trainer.checkpoint=true`` (every study's setting); without checkpoints it trains again, as any
+    stopped run without checkpoints does."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -464,11 +466,11 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
     state = resume(cfg, run_dir, found)
     start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
     try:
-        if already_stopped(state):  # killed after its final checkpoint, before its summary
-            return finish(state, state.stop_reason, checkpoint=False)
         stop = StopSignal()
-        state.started = time.perf_counter()
         with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
+            if already_stopped(state):  # killed after its final checkpoint, before its summary
+                return finish(state, state.stop_reason, checkpoint=False)
+            state.started = time.perf_counter()
             with _progress(state) as pbar:
                 try:
                     reason = run_loop(state, reporter, stop, pbar)
