@@ -167,6 +167,7 @@ def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
             out[(storage, name)] = grid
     return out
 
+
 def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
     """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
     started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
