@@ -8,7 +8,8 @@ PY     := $(VENV)/bin/python
 # torch 2.14.1 / torchvision 0.29.1 install from this workplace's disk; elsewhere pip picks any torch>=2.4.
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
-PYTEST_ARGS ?= -m "not slow"
+# the slowest 20 tests are printed at the end: the default suite must stay under 15 minutes (CI)
+PYTEST_ARGS ?= -m "not slow" --durations=20
 
 .PHONY: install demo test test-all bench reports clean
 

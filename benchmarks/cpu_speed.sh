@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The CPU speed figures in one run, on a quiet machine: where the default ViT's step goes (benchmarks/step_profile.py),
 # the tutorial trainer against vitsweep (benchmarks/throughput.py), the small study models' epochs against their
-# FLOP limit (benchmarks/epoch_costs.py) and the launcher's efficiency (benchmarks/grid.py).
+# FLOP limit (benchmarks/epoch_costs.py) and the launcher's efficiency (benchmarks/grid.py); with the `compiled` step,
+# the default ViT's step and the small ViT's epoch again under trainer.compile=true.
 #
 #   bash benchmarks/cpu_speed.sh [STEPS...]              # all: vit throughput small grid
+#   bash benchmarks/cpu_speed.sh vit compiled           # eager against torch.compile, the same steps
 #   BEFORE=/path/to/older/checkout bash benchmarks/cpu_speed.sh vit throughput   # the same figures for older code too
 #
 # Output: printed, and the profiles as Markdown under $OUT (default docs/benchmarks/profile).
@@ -43,6 +45,14 @@ small() {  # the small study models at n_train 2048, one thread (a sweep worker'
   $PY benchmarks/epoch_costs.py --study double_descent_cnn --model cnn --width 4 --root "$MNIST"
   $PY benchmarks/epoch_costs.py --study double_descent_cnn --model cnn --width 32 --root "$MNIST" | grep -v "^<!--"
   $PY benchmarks/epoch_costs.py --study double_descent_vit --model vit --dim 32 --root "$MNIST" | grep -v "^<!--"
+}
+
+compiled() {  # torch.compile (inductor's C++ kernels): the default ViT's step and the small ViT's epoch. The first
+  # compile of a shape takes up to minutes on 2 cores; the warm-up steps and the first epoch pay it, outside the timed figures
+  $PY benchmarks/step_profile.py --compile on --steps 10 --profile-steps 3 --out "$OUT" --tag compiled 2>&1 \
+    | grep -v "^USDT\|^ERROR:.*gpuGet\|^W[0-9]"
+  $PY benchmarks/epoch_costs.py --study double_descent_vit --model vit --dim 32 --root "$MNIST" \
+    --override trainer.compile=true 2>&1 | grep -v "^<!--\|^W[0-9]"
 }
 
 grid() {  # the launcher against Hydra's basic one: 18 small CNNs, 30 epochs on the embedded digits

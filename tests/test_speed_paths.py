@@ -217,6 +217,24 @@ def test_compiled_runs_in_one_process_keep_compiling(tiny_cfg, tmp_path, monkeyp
     assert min(per_run) >= 1, per_run
 
 
+@pytest.mark.slow  # three real inductor compiles: about a minute on 2 cores, too much for the default suite
+def test_a_compiled_run_with_dropout_resumes_bitwise(tiny_cfg, tmp_path):
+    """Inductor draws dropout's masks in its own kernels, from seeds it takes from torch's generator at each call of
+    the compiled graph; a checkpoint keeps that generator, so a compiled run that crashed resumes to the same rows as
+    one never stopped (real inductor, the ViT with dropout in bf16: a fused kernel's rounding is its own)."""
+    from tests.test_resume import failing_reporter, rows_of, untimed
+
+    over = ["trainer.compile=true", "trainer.checkpoint=true", "trainer.max_epochs=3", "trainer.precision=bf16",
+            "model.dropout=0.2", "model.attention=explicit", "dataset.augment=flip_crop", "scheduler=constant",
+            "dataset.n_train=100"]
+    ref = train(tiny_cfg(*over), tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="worker lost"):
+        train(tiny_cfg(*over), tmp_path / "run", reporter=failing_reporter(2))
+    resumed = train(tiny_cfg(*over), tmp_path / "run")
+    assert untimed(rows_of(tmp_path / "run")) == untimed(rows_of(tmp_path / "ref"))
+    assert resumed["train_loss"] == ref["train_loss"] and resumed["test_error"] == ref["test_error"]
+
+
 def test_inductor_fx_graph_cache_is_on():
     """Runs of one sweep with matching shapes reuse compiled kernels across processes (README)."""
     from torch._inductor import config
