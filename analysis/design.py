@@ -197,6 +197,55 @@ def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] |
     return f"{len(expected & done)} of {len(expected)} runs finished, {detail}"
 
 
+def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict]) -> None:
+    """Refuse what would make the declared test read something other than one study's grid: a curve whose finished
+    runs trained on more than one device, or at one width under more than one value of a config key (another
+    data file, model or optimizer setting: another recipe; runtime keys aside); a (curve, width, seed) with two
+    finished runs (they would be averaged into one seed's value); finished runs outside the grid their study
+    declared (extra seeds would join the test and its power unnoticed)."""
+    done = df[df["status"] == "completed"]
+    keys = [*curve_keys(df), NOISE]
+    free = {*keys, width, SEED}
+    fixed = [k for k in df.attrs.get("config_columns", []) if k in done and k not in free
+             and not any(k == r or k.startswith(r + ".") for r in RUNTIME_KEYS)]
+    problems = []
+    for key, c in done.groupby(keys, dropna=False, sort=True):
+        where = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+        if "device" in c and c["device"].nunique() > 1:
+            problems.append(f"{where}: runs on device " + " and ".join(repr(v) for v in sorted(c["device"].unique()))
+                            + " (the declared test reads one device's grid: pass one device's sweep dirs)")
+        mixed = [k for k in fixed if (c.groupby(width)[k].agg(lambda v: v.map(_norm).nunique()) > 1).any()]
+        if mixed:
+            problems.append(f"{where}: runs of one width differ in " + "; ".join(
+                f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in mixed)
+                + " (another recipe: pass one study's sweep dirs)")
+    ids = [*keys, width, SEED]
+    twice = done[done.duplicated(ids, keep=False)]
+    if len(twice):
+        problems.append(f"{int(done.duplicated(ids).sum())} finished runs repeat a (curve, width, seed) another "
+                        f"run holds ({', '.join(str(d) for d in twice.get('run_dir', twice.index)[:4])}, ...): "
+                        "pass each sweep dir once, and a rerun's records instead of the first's, not beside them")
+    outside = []
+    study = ["study_storage", "study_name"]
+    if grids and set(study) <= set(done.columns):
+        for src, runs in done.groupby(study, dropna=False):
+            grid = grids.get(src)
+            if not grid:
+                continue
+            ws = {float(w) for w in grid.get(width, runs[width])}
+            ss = {float(x) for x in grid.get(SEED, runs[SEED])}
+            out = runs[~(runs[width].astype(float).isin(ws) & runs[SEED].astype(float).isin(ss))]
+            outside += [f"{width} {w:g} seed {x:g}" for w, x in zip(out[width].astype(float),
+                                                                   out[SEED].astype(float), strict=True)]
+    if outside:
+        problems.append(f"{len(outside)} finished runs lie outside the grid their study declared ("
+                        + ", ".join(outside[:4]) + (", ..." if len(outside) > 4 else "")
+                        + "): a study's grid is declared before it runs; put extra seeds in a study of their own")
+    if problems:
+        raise ValueError("the declared test reads one recipe's grid on one device, each run once: "
+                         + "; ".join(problems))
+
+
 def threshold(c: pd.DataFrame, width: str, tol: float) -> float:
     """Smallest width whose mean final train error over its unflagged runs is at most ``tol`` (NaN if none)."""
     ok = c[~_flagged(c)]
@@ -407,6 +456,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
+    one_recipe(df, width, grids)
     keys = [*curve_keys(df), NOISE]
     done = completed_only(df, "peak_tests").index
     out = []

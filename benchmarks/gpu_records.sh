@@ -143,7 +143,7 @@ EOF
     git add -f "${REC}_resume"
   fi
   echo "records: $(ls "$REC"/*/summary.json | wc -l) runs; checkpoints kept for $(wc -l <"$T/keep.txt") unfinished"
-  $PY -m analysis.design test "$REC" "${CAPPED[@]}" --pilot "$(dirname "$REC")/pilot_gpu" | tail -n 20
+  $PY -m analysis.design test "$REC" "${CAPPED[@]}" --pilot "$(dirname "$REC")/pilot_gpu" --effect 0.03 | tail -n 20
   ;;
 *)
   sed -n '2,20p' "$0"

@@ -106,7 +106,7 @@ if [ "${MODE:-pilot}" = vit_main ] || [ "${MODE:-pilot}" = vit_fixed ]; then  # 
   [ -s "$LOG/resumable.txt" ] && tar -czf - -C "$W" -T "$LOG/resumable.txt" $N/.launcher \
     | split -b 15M - "$OUT/ckpt_${N}.tar.gz."
   python3 -m analysis.design test "$W/$N" "${CAPPED[@]}" --pilot docs/studies/double_descent_vit/records/pilot_gpu \
-    --out "$LOG/test_${N}.md" >/dev/null 2>>"$LOG/plan.err"
+    --effect 0.03 --out "$LOG/test_${N}.md" >/dev/null 2>>"$LOG/plan.err"
   ls "$W/$N"/*/summary.json 2>/dev/null | wc -l | xargs echo "$N summaries:"
   tar -czf "$OUT/records_${N}.tar.gz" -C "$W" --exclude='checkpoint*.pt' --exclude=.launcher $N 2>/dev/null
   tar -czf "$OUT/logs.tar.gz" -C "$W" logs

@@ -185,6 +185,46 @@ def test_the_grid_a_sweep_declared_counts_seeds_and_widths_that_never_started(tm
     assert "27 of 36 runs finished" in out.read_text()
 
 
+def with_summary(root: Path, **extra) -> Path:
+    for summary in root.glob("*/summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), **extra}))
+    return root
+
+
+def test_the_test_refuses_runs_of_two_devices_or_recipes_in_one_curve(tmp_path):
+    """Review finding: the CPU and the lent GPUs' records of one study, each grid unfinished, were one curve to the
+    test once passed together; their union reached a full grid and printed "reproduced", though the report declares
+    the test on one device's full grid, never on a mix. A mixed curve is refused, naming what differs."""
+    cpu = with_summary(write_pilot(tmp_path / "cpu", seeds=(0, 1), lrs=(0.02,), sizes=(8192,)), device="cpu")
+    gpu = with_summary(write_pilot(tmp_path / "gpu", seeds=(2, 3), lrs=(0.02,), sizes=(8192,)), device="cuda")
+    with pytest.raises(ValueError, match=r"device.*'cpu'.*'cuda'.*one device"):
+        design.peak_tests(load_runs([cpu, gpu]), pilot_sd=0.015, effect=0.05)
+    (alone,) = design.peak_tests(load_runs(cpu), pilot_sd=0.015, effect=0.05)  # each device alone is a curve
+    assert alone.seeds == 2
+    other = write_pilot(tmp_path / "other", seeds=(2, 3), lrs=(0.02,), sizes=(8192,))
+    for config in other.glob("*/.hydra/config.yaml"):  # another data file: another recipe
+        config.write_text(config.read_text().replace("name: cifar10", "name: cifar10\n  root: elsewhere.npz"))
+    with pytest.raises(ValueError, match=r"dataset\.root"):
+        design.peak_tests(load_runs([tmp_path / "cpu", other]), pilot_sd=0.015, effect=0.05)
+
+
+def test_the_test_refuses_a_run_given_twice_and_runs_outside_the_declared_grid(tmp_path):
+    """Review finding: two finished runs of one (curve, width, seed) were averaged into one seed's value, and seeds
+    outside the grid the study declared joined the test (and its power) unnoticed."""
+    import optuna
+
+    a = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,))
+    b = write_pilot(tmp_path / "b", seeds=(2,), lrs=(0.02,), sizes=(8192,))
+    with pytest.raises(ValueError, match=r"9 finished runs repeat a \(curve, width, seed\)"):
+        design.peak_tests(load_runs([a, b]), pilot_sd=0.015, effect=0.05)
+    storage = f"sqlite:///{a / 'optuna.db'}"
+    study = optuna.create_study(study_name="dd", storage=storage)
+    study._storage.set_study_system_attr(study._study_id, "vitsweep:grid", {"model.width": WIDTHS, "seed": [0, 1]})
+    with_summary(a, study_name="dd", study_storage=storage)
+    with pytest.raises(ValueError, match=r"9 finished runs lie outside the grid their study declared.*seed 2"):
+        design.peak_tests(load_runs(a, optuna_state=False), pilot_sd=0.015, effect=0.05)
+
+
 def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs_it_did_not_train(tmp_path):
     """double_descent_cnn's fixed-budget arm trains only what the convergence rule ended early: a run that reached
     the same cap under that rule is the fixed arm's run of its (width, seed) (tests/test_stop_rules.py)."""
