@@ -370,6 +370,15 @@ class Spread:
         errors correlate positively)."""
         return self.contrast_sd if self.dof else float(np.sqrt(2) * self.width_sd)
 
+    def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
+        """The ``level`` chi-square interval of the pilot's contrast sd (NaNs without a contrast): the power figure
+        takes the sd as known, so the smallest detectable peak is uncertain in the same proportion."""
+        if not self.dof:
+            return np.nan, np.nan
+        a = (1 - level) / 2
+        return (float(self.contrast_sd * np.sqrt(self.dof / stats.chi2.ppf(1 - a, self.dof))),
+                float(self.contrast_sd * np.sqrt(self.dof / stats.chi2.ppf(a, self.dof))))
+
     @property
     def power_source(self) -> str:
         if self.dof:
@@ -428,6 +437,8 @@ class PeakTest:
     height: float  # the smaller of the two: how far the threshold's test error stands above both neighbours
     p_value: float  # the larger of the two one-sided paired t-tests' p (intersection-union test of a peak)
     flagged_runs: int
+    contrast_sd: float  # this run's own pooled sd of the two contrasts over its seeds (an observation beside the
+    # pilot's, which the power figure uses)
     mde: float
     effect: float
     verdict: str
@@ -477,8 +488,9 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         height = float(min(means["left"], means["right"]))
         detectable = mde(pilot_sd, k, alpha)
         says = verdict(p, height, detectable, effect, flagged, alpha, missing)
+        own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
-                            detectable, effect, says))
+                            own, detectable, effect, says))
     return out
 
 
@@ -561,9 +573,14 @@ def plan_markdown(p: dict) -> str:
 
 def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical") -> str:
     rows = pd.DataFrame([asdict(t) for t in tests])
+    lo, hi = pilot.sd_interval()
+    interval = (f", 95% interval {lo:.4f}-{hi:.4f}: the smallest detectable peak `mde` is uncertain in the same "
+                "proportion" if pilot.dof else "")
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
-            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof); power from {pilot.power_source}.\n\n"
+            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof{interval}); power from {pilot.power_source}. "
+            "`contrast_sd`: this run's own pooled sd of the two contrasts over its seeds, beside the pilot's "
+            "(an observation; `mde` uses the pilot's, declared before the run).\n\n"
             + to_markdown(rows) + "\n")
 
 

@@ -79,6 +79,8 @@ def test_the_contrast_sd_and_the_smallest_detectable_peak(tmp_path):
     # each contrast is x_t - x_side of independent draws with sd 0.02: sd 0.02 * sqrt(2)
     assert sp.contrast_sd == pytest.approx(0.02 * np.sqrt(2), rel=0.35)
     assert sp.dof == 2 * 2 * 5  # 2 curves x 2 contrasts x (6 seeds - 1)
+    lo, hi = sp.sd_interval()  # the power figure takes the sd as known: the output gives its interval
+    assert lo < sp.contrast_sd < hi and hi / lo == pytest.approx(1.88, abs=0.05)  # chi-square, 20 dof
     assert design.mde(0.02, 4) > design.mde(0.02, 8)
     assert design.mde(0.02, 1) != design.mde(0.02, 1)  # NaN: one seed has no spread
     # both contrasts must be significant: each side gets power sqrt(0.8), so 4 seeds at sd 0.0294 detect 0.058
@@ -120,6 +122,7 @@ def test_a_real_peak_at_the_threshold_is_reproduced_and_a_flat_curve_with_power_
     assert test.vs_left == pytest.approx(BUMP - 0.05, abs=0.02)
     assert test.vs_right == pytest.approx(BUMP + 0.05, abs=0.02)
     assert test.height == test.vs_left and test.verdict == "reproduced"
+    assert test.contrast_sd == pytest.approx(0.01 * np.sqrt(2), rel=0.6)  # the run's own spread (noise sd 0.01)
     # the same curve without the bump falls monotonically: above its right neighbour, below its left: no peak
     flat = df.assign(test_error=np.where(df["model.width"] == 6, df["test_error"] - BUMP, df["test_error"]))
     (test,) = design.peak_tests(flat, pilot_sd=0.015, effect=0.05)
