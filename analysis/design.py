@@ -37,7 +37,11 @@ training is not a test-error value. So does an **unfinished grid** (``unfinished
 every declared seed's train errors and the power from the declared seeds, so while any run of a curve's grid (the
 widths x seeds its sweep declared, read from the study's storage, else those its runs hold) has not finished, the
 verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; the contrast on the seeds that
-happened to finish first is printed but is not the declared test.
+happened to finish first is printed but is not the declared test. Records that are not one grid are refused
+before any test (``one_recipe``): a curve whose runs trained on two devices, or at one width under two recipes (a
+config key other than the curve keys, width, seed and runtime keys), a (curve, width, seed) with two finished runs,
+finished runs outside the grid their study declared. The power figure's pilot sd is printed with its 95% interval,
+and each curve's own contrast sd beside it (an observation: the power was declared from the pilot's).
 
 A fixed-budget arm whose sweep trained only the runs the convergence rule ended early names the convergence arm's
 sweeps with ``--capped-from``: their runs that reached the same cap stand for the rest of its grid (``with_capped``).
