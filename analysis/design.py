@@ -90,6 +90,19 @@ def _norm(v):
 STOP_RULE_KEYS = ("trainer.converge_epochs", "trainer.converge_tol")  # what the two arms may differ in
 
 
+def recipe_keys(df: pd.DataFrame, free: tuple | set = ()) -> list[str]:
+    """The config keys of ``df`` that define its recipe: not runtime keys (``RUNTIME_KEYS``, ``hydra.*``,
+    ``logger.*``, ``trial.*``) and not in ``free`` (what a grid varies)."""
+    skip = (*RUNTIME_KEYS, "hydra", "logger", "trial")
+    return [k for k in df.attrs.get("config_columns", []) if k in df and k not in free
+            and not any(k == r or k.startswith(r + ".") for r in skip)]
+
+
+def curve_name(keys: list[str], key) -> str:
+    """``k=v, ...`` for one curve of a ``groupby(keys)``."""
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+
+
 def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
     """A fixed-budget arm's runs (``main``) with the runs of another arm (``capped``: the convergence arm) that ran
     to the same epoch cap, for each (curve, width, seed) ``main`` holds no run of.
@@ -118,10 +131,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     c = capped.loc[np.array([k in curves for k in tuples(capped, keys)], dtype=bool)]
     held = set(tuples(main, ids))
     c = c.loc[np.array([i not in held for i in tuples(c, ids)], dtype=bool)]
-    runtime = (*RUNTIME_KEYS, *STOP_RULE_KEYS, width, SEED)
-    fixed = [k for k in main.attrs.get("config_columns", [])
-             if k in c and not k.startswith(("hydra.", "logger.", "trial.")) and k not in runtime
-             and main[k].map(_norm).nunique() == 1]
+    fixed = [k for k in recipe_keys(main, {*STOP_RULE_KEYS, width, SEED})
+             if k in c and main[k].map(_norm).nunique() == 1]
     differ = {k: sorted({str(v) for v in c[k].map(_norm)} - {str(_norm(main[k].iloc[0]))}) for k in fixed}
     differ = {k: v for k, v in differ.items() if v}
     if differ:
@@ -172,6 +183,13 @@ def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
     return out
 
 
+def declared_pairs(grid: dict, runs: pd.DataFrame, width: str) -> set[tuple[float, float]]:
+    """(width, seed) pairs of a study's declared ``grid``; where it declares none, those ``runs`` hold."""
+    widths = [float(w) for w in grid.get(width, runs[width].dropna().unique())]
+    seeds = [float(s) for s in grid.get(SEED, runs[SEED].dropna().unique())]
+    return {(w, s) for w in widths for s in seeds}
+
+
 def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
     """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
     started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
@@ -182,10 +200,7 @@ def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] |
     sources = c.groupby(study, dropna=False) if set(study) <= set(c.columns) else [(None, c)]
     expected: set[tuple[float, float]] = set()
     for src, runs in sources:  # runs naming no study form one source, whose grid is what they hold
-        grid = grids.get(src, {})
-        widths = [float(w) for w in grid.get(width, runs[width].dropna().unique())]
-        seeds = [float(s) for s in grid.get(SEED, runs[SEED].dropna().unique())]
-        expected |= {(w, s) for w in widths for s in seeds}
+        expected |= declared_pairs(grids.get(src, {}), runs, width)
     pairs = list(zip(c[width].astype(float), c[SEED].astype(float), strict=True))
     done = {p for p, st in zip(pairs, c["status"], strict=True) if st == "completed"}
     missing = expected - done
@@ -209,12 +224,10 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
     declared (extra seeds would join the test and its power unnoticed)."""
     done = df[df["status"] == "completed"]
     keys = [*curve_keys(df), NOISE]
-    free = {*keys, width, SEED}
-    fixed = [k for k in df.attrs.get("config_columns", []) if k in done and k not in free
-             and not any(k == r or k.startswith(r + ".") for r in RUNTIME_KEYS)]
+    fixed = recipe_keys(done, {*keys, width, SEED})
     problems = []
     for key, c in done.groupby(keys, dropna=False, sort=True):
-        where = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+        where = curve_name(keys, key)
         if "device" in c and c["device"].nunique() > 1:
             problems.append(f"{where}: runs on device " + " and ".join(repr(v) for v in sorted(c["device"].unique()))
                             + " (the declared test reads one device's grid: pass one device's sweep dirs)")
@@ -233,14 +246,10 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
     study = ["study_storage", "study_name"]
     if grids and set(study) <= set(done.columns):
         for src, runs in done.groupby(study, dropna=False):
-            grid = grids.get(src)
-            if not grid:
-                continue
-            ws = {float(w) for w in grid.get(width, runs[width])}
-            ss = {float(x) for x in grid.get(SEED, runs[SEED])}
-            out = runs[~(runs[width].astype(float).isin(ws) & runs[SEED].astype(float).isin(ss))]
-            outside += [f"{width} {w:g} seed {x:g}" for w, x in zip(out[width].astype(float),
-                                                                   out[SEED].astype(float), strict=True)]
+            if src in grids:
+                pairs = declared_pairs(grids[src], runs, width)
+                held = zip(runs[width].astype(float), runs[SEED].astype(float), strict=True)
+                outside += [f"{width} {w:g} seed {x:g}" for w, x in held if (w, x) not in pairs]
     if outside:
         problems.append(f"{len(outside)} finished runs lie outside the grid their study declared ("
                         + ", ".join(outside[:4]) + (", ..." if len(outside) > 4 else "")
@@ -478,7 +487,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
         missing = unfinished(whole, width, grids)
         c = whole[whole.index.isin(done)]
-        name = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+        name = curve_name(keys, key)
         t = center(c, width, tol, rule) if len(c) else np.nan
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
@@ -599,7 +608,7 @@ def precision_note(df: pd.DataFrame) -> str:
     for key, c in done.groupby(keys, dropna=False, sort=True):
         counts = c["precision"].fillna("unknown").value_counts()
         if len(counts) > 1:
-            where = ", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(key), strict=True))
+            where = curve_name(keys, key)
             by_width = (c[c["precision"] != counts.index[0]].groupby(width_column(df))["precision"].size())
             mixed.append(f"{where}: " + ", ".join(f"{n} {p}" for p, n in counts.items())
                          + " (the fewer at " + ", ".join(f"{w:g}" for w in by_width.index) + ")")
