@@ -28,8 +28,10 @@ SETTINGS = ["optimizer", "lr", "schedule", "batch", "stop rule", "image size", "
 SIZE_KEYS = ("dataset.n_train", "trainer.max_epochs", "trainer.max_steps", "hydra.sweeper.params",
              "hydra.sweeper.n_trials", "hydra.sweeper.n_jobs")
 # Keys a scale may sweep as arms although `paper` fixes them (a pilot's size and lr ladders, a weight-decay arm):
-# the ladder must hold the paper's own value, so the recipe is one of the arms.
-ARM_KEYS = ("dataset.n_train", "optimizer.lr", "optimizer.weight_decay")
+# the ladder must hold the paper's own value, so the recipe is one of the arms. A precision arm under the recipe's
+# `auto` pins the values `auto` chooses between (heads_depth's precision check).
+ARM_KEYS = ("dataset.n_train", "optimizer.lr", "optimizer.weight_decay", "trainer.precision")
+AUTO_CHOOSES = {"trainer.precision": {"fp32", "bf16"}}
 
 
 def compose_study(name: str, scale: str | None, extra: tuple[str, ...] = ()):
@@ -139,6 +141,9 @@ def test_every_scale_keeps_the_paper_recipe(name):
                 continue
             if key in ARM_KEYS and key not in paper.hydra.sweeper.params:
                 own = OmegaConf.select(paper, key)
+                if own == "auto" and key in AUTO_CHOOSES:
+                    assert choices(expr) <= AUTO_CHOOSES[key], f"scale {scale}: {key}={expr}"
+                    continue
                 assert is_size(key) or any(same(own, c) for c in choices(expr)), \
                     f"scale {scale}: {key}={expr} lacks the recipe's {own}"
                 continue
@@ -157,7 +162,7 @@ def test_sweep_translates_a_scale_into_a_plain_hydra_override():
     assert cmd[-2:] == ["+sweeps/scales/heads_depth=cpu", "dataset.root=x"]
     assert "+sweeps/scales/heads_depth=paper" in sweep.command("heads_depth", [])
     assert not any("scales" in c for c in sweep.command("mnist_vit", []))  # a study without scales
-    with pytest.raises(SystemExit, match="scales: cpu, paper, smoke"):
+    with pytest.raises(SystemExit, match="scales: cpu, cpu_precision, paper, smoke"):
         sweep.command("heads_depth", ["scale=huge"])
     with pytest.raises(SystemExit, match="runs at the size its sweep file states"):
         sweep.command("mnist_vit", ["scale=cpu"])
