@@ -127,13 +127,14 @@ def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd
     if len(complete) >= 2:
         _, lo, hi = seed_slope_interval(logx, complete.to_numpy())
         centre = slope - float(_loglog_lines(logx, complete.to_numpy().mean(0))[0])  # 0 when no seed is missing
-        return {"alpha_lo": float(lo) + centre, "alpha_hi": float(hi) + centre, "ci_method": "t over seed slopes"}
+        return {"alpha_lo": float(lo) + centre, "alpha_hi": float(hi) + centre, "n_seeds_ci": len(complete),
+                "ci_method": "t over seed slopes"}
     if len(sizes) >= 3:
         warnings.warn(f"{label}: fewer than 2 seeds with a run at every size; the alpha interval comes from the "
                       "scatter of the size means around the line (assumes the same noise at every size)", stacklevel=4)
         lo, hi = _residual_interval(logx, logm, slope)
-        return {"alpha_lo": lo, "alpha_hi": hi, "ci_method": "t over size-mean residuals"}
-    return {"alpha_lo": np.nan, "alpha_hi": np.nan, "ci_method": "none"}
+        return {"alpha_lo": lo, "alpha_hi": hi, "n_seeds_ci": 0, "ci_method": "t over size-mean residuals"}
+    return {"alpha_lo": np.nan, "alpha_hi": np.nan, "n_seeds_ci": 0, "ci_method": "none"}
 
 
 def _group_fit(table: pd.DataFrame, n_boot: int, offset: bool, rng: np.random.Generator, label: str) -> dict:
@@ -231,22 +232,29 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
                        tol: float = 0.01, train: str = "train_error") -> tuple[pd.DataFrame, pd.DataFrame]:
     """The declared fit-range rule of a learning curve: the paper fits "in the overfitting regime" (004, 4.2), the
     regime where the model interpolates its training set (4.1). A size enters a group's fit only when every run of
-    the group at that size ended with train error at most ``tol`` and none is flagged stalled or collapsed; the
-    range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would mix regimes).
+    the group at that size completed with a train error at most ``tol`` and none is flagged stalled or collapsed (a
+    run with no train error, or one that did not complete, cannot show that its seed interpolated: it fails the
+    size); the range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would
+    mix regimes).
 
     Reads train errors only, never the test error being fitted. Returns (the rows inside the range, one row per
-    (group, size) with ``runs``, ``max_train_error``, ``flagged`` and ``in_range``)."""
+    (group, size) with ``runs``, ``max_train_error``, ``flagged``, ``unfit`` (runs with no train error or not
+    completed) and ``in_range``)."""
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, train, *by)
     flagged = pd.Series(False, index=df.index)
     for f in ("stalled", "collapsed"):
         if f in df.columns:
             flagged |= df[f].fillna(False).astype(bool)
-    d = df.assign(_flag=flagged)
+    unfit = df[train].isna()
+    if "status" in df.columns:
+        unfit |= df["status"] != "completed"
+    d = df.assign(_flag=flagged, _unfit=unfit)
     keys = [*by, x]
     table = (d.groupby(keys, dropna=False)
-             .agg(runs=(train, "size"), max_train_error=(train, "max"), flagged=("_flag", "sum")).reset_index())
-    table["passes"] = (table["max_train_error"] <= tol) & (table["flagged"] == 0)
+             .agg(runs=(train, "size"), max_train_error=(train, "max"), flagged=("_flag", "sum"),
+                  unfit=("_unfit", "sum")).reset_index())
+    table["passes"] = (table["max_train_error"] <= tol) & (table["flagged"] == 0) & (table["unfit"] == 0)
     table["in_range"] = False
     for _, g in table.groupby(by, dropna=False) if by else [((), table)]:
         for i in g.sort_values(x, ascending=False).index:
@@ -254,7 +262,7 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
                 break
             table.at[i, "in_range"] = True
     keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner")
-    return keep.drop(columns="_flag"), table.drop(columns="passes")
+    return keep.drop(columns=["_flag", "_unfit"]), table.drop(columns="passes")
 
 
 def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "test_error",
@@ -265,7 +273,8 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
 
     Returns one row per group: the ``by`` columns, ``alpha``, ``alpha_lo``, ``alpha_hi`` (95%
     t-interval over per-seed slopes, see the module docstring), ``prefactor``, ``r2`` (log-log),
-    ``n_points`` (distinct sizes), ``n_seeds`` (fewest seeds at any size), ``x_min``, ``x_max``,
+    ``n_points`` (distinct sizes), ``n_seeds`` (fewest seeds at any size), ``n_seeds_ci`` (the seeds with a run at
+    every size, which the t-interval is over; 0 when it falls back to the residuals), ``x_min``, ``x_max``,
     ``ci_method``; with ``offset=True`` also the fit of ``y = offset_prefactor * x^offset_alpha + offset``
     (on the arithmetic means) and its percentile-bootstrap ranges over ``n_boot`` resamples
     (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not
@@ -293,7 +302,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
             raise ValueError(msg)
         fit = _group_fit(table, n_boot, offset, rng, label)
         rows.append({**dict(zip(by, key, strict=True)), **fit})
-    order = ["alpha", "alpha_lo", "alpha_hi", "prefactor", "r2", "n_points", "n_seeds", "x_min", "x_max"]
+    order = ["alpha", "alpha_lo", "alpha_hi", "prefactor", "r2", "n_points", "n_seeds", "n_seeds_ci", "x_min", "x_max"]
     if not rows:
         raise ValueError(f"no group has >= 3 distinct values of {x}")
     out = pd.DataFrame(rows)

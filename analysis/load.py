@@ -326,7 +326,8 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
-    """One row per evaluation (metrics.jsonl line) of every run, plus its config columns, status and flags."""
+    """One row per evaluation (metrics.jsonl line) of every run, plus its config columns and the run's status and flags
+    (:func:`result_flags`, from the run's final numbers)."""
     frames = []
     for run_dir in find_run_dirs(paths):
         path = run_dir / "metrics.jsonl"
@@ -336,12 +337,15 @@ def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
         if not metrics:
             continue
         row, _ = _run_record(run_dir)
+        # the run's flags and status from its own final numbers (a stalled run is a result), not each epoch's: an
+        # epoch at chance early in a run that learned is no stalled run
+        row = result_flags(pd.DataFrame([row])).iloc[0].to_dict()
         hist = pd.DataFrame(metrics)
         static = {k: v for k, v in row.items() if k not in hist.columns}
         frames.append(hist.assign(**{k: [v] * len(hist) for k, v in static.items()}))
     if not frames:
         raise FileNotFoundError(f"no metrics.jsonl with readable lines under {paths}; {_EXPECTED}")
-    return result_flags(pd.concat(frames, ignore_index=True))  # a stalled run is a result
+    return pd.concat(frames, ignore_index=True)
 
 
 def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLike] | None = None) -> pd.DataFrame:

@@ -281,6 +281,46 @@ def _run_names(run_dirs: pd.Series, paths: list[str]) -> list[str]:
     return names
 
 
+EXECUTION = ("precision", "device")  # what each run's summary.json records of how it trained; no config column says
+
+
+def _counts(values: pd.Series) -> str:
+    """``"fp32 2, bf16 1"``: each value with its count, the commonest first (ties by name)."""
+    counts = values.value_counts()
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{v} {n}" for v, n in order)
+
+
+def _execution(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
+    """The precision and device the completed runs trained at, from their summaries: `trainer.precision=auto` times
+    fp32 and bf16 for each model on the machine, so two compared settings can train at two precisions while both
+    configs say `auto`, and a grid resumed elsewhere can mix devices. One line when every run shares them; otherwise
+    a count per compared setting, and a warning when the settings differ in them (a difference between settings may
+    then be precision's or the device's as well)."""
+    done = runs[runs["status"] == "completed"]
+    cols = [c for c in EXECUTION if c in done and done[c].notna().any()]
+    if done.empty or not cols:
+        return
+    shown = done.assign(**{c: done[c].fillna("unknown").astype(str) for c in cols})
+    if "device" in cols:
+        shown["device"] = shown["device"].str.split(":").str[0]  # cuda:0 and cuda:1 are one kind of device
+    if all(shown[c].nunique() == 1 for c in cols):
+        where = " on ".join(shown[c].iloc[0] for c in cols)
+        rep.add(f"- Every completed run trained at {where} (the {' and '.join(cols)} its summary.json records).", "")
+        return
+    groups = shown.groupby(varied, dropna=False, sort=True) if varied else shown.assign(_all="all").groupby("_all")
+    table = groups[cols].agg(_counts).reset_index()
+    differ = varied and any(groups[c].apply(lambda v: tuple(sorted(v.value_counts(normalize=True).round(6).items())))
+                            .nunique() > 1 for c in cols)
+    rep.add("## Precision and device", "",
+            "The completed runs trained at more than one " + " or ".join(cols) + " (from their summary.json; "
+            "`trainer.precision=auto` chooses per model and machine, so configs that all say `auto` can differ)"
+            + (". **Warning: the compared settings differ in the precision or device they trained at**, so a "
+               "difference between them may be precision's or the device's as well as the settings'; pin "
+               "`trainer.precision` (and `trainer.device`) to compare them." if differ else "."), "")
+    rep.table(table, "execution")
+
+
 def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
     """Lines counting stalled runs and naming the runs that stopped moving while their lr had annealed."""
     lines = []
@@ -346,6 +386,7 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
             f"{', '.join(f'`{k}`' for k in varied) or 'none (repeats of one config)'}. "
             "Fits and tables use completed runs; stalled runs are results and are in them, counted per row.", "")
     rep.add(*_grouping_notes(runs, varied, dependents, by), *_flag_notes(runs, paths))
+    _execution(rep, runs, varied)
     if (runs["status"] == "completed").sum() == 0:
         rep.add("No completed runs yet: nothing to tabulate.", "")
     else:

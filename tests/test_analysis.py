@@ -846,3 +846,60 @@ def test_an_offset_fit_whose_floor_misses_its_points_is_flagged_and_not_drawn_as
     labels = [line.get_label() for line in kept["fig"].axes[0].get_lines()]
     assert any("offset model rejected" in s for s in labels)
     assert not any(s.startswith("fit: offset model α") for s in labels)
+
+
+def _precision_sweep(root: Path, plan: dict[int, list[tuple[str, str]]]) -> Path:
+    """Runs of two settings (``model.patch``), each seed with the (precision, device) its summary records."""
+    num = 0
+    for patch, runs in plan.items():
+        for s, (precision, device) in enumerate(runs):
+            write_run(root, num, config(s, patch=patch), summary(0.1 + 0.01 * s, seed=s, precision=precision,
+                                                                 device=device))
+            num += 1
+    return root
+
+
+def test_a_report_names_the_precision_and_device_its_compared_settings_trained_at(tmp_path):
+    """`trainer.precision=auto` times fp32 and bf16 for each model on the machine, so two compared settings can
+    train at two precisions while both configs say `auto` (heads_depth's main run: 23 of 24 h1_d1 runs at bf16,
+    21 of 24 h4_d1 runs at fp32). No config column shows it, so the report reads the summaries and says so; a mix
+    of devices (cuda:0 and cpu) likewise."""
+    _precision_sweep(tmp_path / "mixed", {4: [("bf16", "cpu")] * 3,
+                                          8: [("fp32", "cpu"), ("fp32", "cuda:0"), ("bf16", "cuda:1")]})
+    make_report([tmp_path / "mixed"], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "the compared settings differ in the precision or device they trained at" in text
+    table = pd.read_csv(tmp_path / "out" / "tables" / "execution.csv")
+    assert table[["model.patch", "precision", "device"]].values.tolist() == [
+        [4, "bf16 3", "cpu 3"], [8, "fp32 2, bf16 1", "cuda 2, cpu 1"]]
+
+    _precision_sweep(tmp_path / "one", {4: [("bf16", "cpu")] * 2, 8: [("bf16", "cpu")] * 2})
+    make_report([tmp_path / "one"], tmp_path / "out1")
+    text = (tmp_path / "out1" / "report.md").read_text()
+    assert "Every completed run trained at bf16 on cpu" in text and "differ in the precision" not in text
+    assert not (tmp_path / "out1" / "tables" / "execution.csv").exists()
+
+
+def test_the_fit_table_counts_the_seeds_its_alpha_interval_rests_on(tmp_path):
+    """``n_seeds`` is the fewest seeds at any size; the t-interval uses only the seeds with a run at every size.
+    With seed 0 missing at the smallest size and seed 1 at the largest, 4 seeds give n_seeds 3 but an interval over 2
+    (1 dof): ``n_seeds_ci`` says so in the table, not only in a warning."""
+    power_law_sweep(tmp_path, seeds=4, sizes=[256, 512, 1024, 2048])
+    for run in tmp_path.iterdir():
+        s = json.loads((run / "summary.json").read_text())
+        if (s["seed"], s["n_train"]) in ((0, 256), (1, 2048)):
+            (run / "summary.json").write_text(json.dumps({**s, "status": "failed"}))
+    with pytest.warns(UserWarning, match="seeds 0, 1 lack a run"):
+        fits = fit_learning_curve(load_runs([tmp_path]), x="n_train")
+    assert fits.loc[0, "n_seeds"] == 3 and fits.loc[0, "n_seeds_ci"] == 2
+
+
+def test_history_rows_carry_their_runs_flags_not_flags_of_each_epoch(tmp_path):
+    """A run that learned from chance: its first epochs' train error sits at chance, but the run is no stalled or
+    collapsed result. load_history computed the flags from each epoch's train error, so those rows said stalled."""
+    rows = [{"epoch": e, "step": 10 * e, "wall_s": 1.0 * e, "lr": 1e-3, "train_loss": 1.0, "train_error": err,
+             "test_error": err} for e, err in enumerate([0.9, 0.9, 0.3, 0.0], start=1)]
+    write_run(tmp_path, 0, config(0), summary(0.1, seed=0, chance_train_error=0.9, stalled=False,
+                                              best_train_error=0.0), rows)
+    hist = load_history([tmp_path])
+    assert len(hist) == 4 and not hist["stalled"].any() and not hist["collapsed"].any()

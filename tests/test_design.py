@@ -342,6 +342,23 @@ def test_the_declared_fit_range_keeps_only_sizes_where_every_seed_interpolated()
     assert table.set_index("dataset.n_train").loc[128, "flagged"] == 1
 
 
+def test_a_size_with_a_run_that_has_no_final_train_error_or_did_not_complete_is_outside_the_fit_range():
+    """A run with no train error (diverged, or still running) or one that did not complete (stopped, failed) cannot
+    show that its seed interpolated: its size fails the rule. Before, ``max`` skipped the NaN, the size passed with a
+    seed fewer, and a stopped run was judged on a partial train error."""
+    from analysis.fits import overfitting_regime
+
+    def rows(bad: dict) -> pd.DataFrame:
+        return pd.DataFrame([{"arch": "a", "dataset.n_train": n, "seed": s, "train_error": 0.0, "test_error": 0.1,
+                              "status": "completed", **(bad if (n, s) == (512, 1) else {})}
+                             for n in (256, 512, 1024, 2048) for s in range(4)])
+
+    for bad in ({"train_error": float("nan")}, {"status": "interrupted"}, {"status": "failed"}):
+        kept, table = overfitting_regime(rows(bad), by="arch")
+        assert sorted(kept["dataset.n_train"].unique()) == [1024, 2048], bad
+        assert not table.set_index("dataset.n_train").loc[512, "in_range"], bad
+
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "docs" / "studies"
 
