@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import logging
 import math
 import platform
@@ -228,8 +229,7 @@ class RunState:
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "model_cfg": self.model_cfg, "config": self.cfg,
-            "data": {"mean": list(self.data.mean), "std": list(self.data.std),
-                     "image_shape": list(self.data.image_shape), "num_classes": self.data.num_classes},
+            "data": self.data_record(),
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step, "train_time": self.train_time,
             "wall_s": self.wall_s(), "rows": self.recorder.rows if self.recorder else 0,
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
@@ -241,8 +241,37 @@ class RunState:
             "machines": self.info["machines"],  # every machine this run has trained on, in order
         }
 
+    def data_record(self) -> dict[str, Any]:
+        """What the checkpoint keeps of the data it trained on: the training images' statistics and shape, the class
+        count and a digest of the training labels as trained (label noise applied)."""
+        labels = self.data.y_train.detach().cpu().contiguous().numpy().tobytes()
+        return {"mean": list(self.data.mean), "std": list(self.data.std), "image_shape": list(self.data.image_shape),
+                "num_classes": self.data.num_classes, "labels_sha256": hashlib.sha256(labels).hexdigest()}
+
+    def check_same_data(self, saved: Mapping[str, Any] | None) -> None:
+        """Raise ValueError when a checkpoint trained on other data than this run's: ``dataset.root`` may move
+        between starts (another machine's copy of a file), but continuing on other content (another file, other
+        noisy labels) would finish one run on two datasets. The statistics are compared to a relative 1e-6 (their
+        sums may round differently on another CPU); a checkpoint written before the label digest has none to
+        compare."""
+        if not saved:
+            return
+        now = self.data_record()
+        differ = [k for k in ("image_shape", "num_classes") if list(map(int, _listed(saved[k]))) != list(
+            map(int, _listed(now[k])))]
+        differ += [k for k in ("mean", "std")
+                   if not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+                              for a, b in zip(saved[k], now[k], strict=True))]
+        if saved.get("labels_sha256") not in (None, now["labels_sha256"]):
+            differ.append("training labels")
+        if differ:
+            raise ValueError(f"the checkpoint trained on other data ({', '.join(differ)} differ): the data behind "
+                             "dataset.root or the label noise changed since. Fix: point dataset.root back at the run's "
+                             "data, or trainer.resume=never to train this run afresh on the new data")
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; raises (RuntimeError, ValueError, KeyError) on one that does not fit."""
+        self.check_same_data(state.get("data"))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
@@ -265,6 +294,10 @@ class RunState:
         self.info["machines"] = before + [m for m in self.info["machines"] if m not in before]
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
+
+
+def _listed(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def _place(data: DataSplits, device: torch.device) -> bool:

@@ -287,6 +287,41 @@ def test_a_checkpoint_of_another_shape_falls_back_then_starts_afresh(tiny_cfg, t
     assert list(tmp_path.glob("previous-*/metrics.jsonl"))  # the old records were moved aside, not deleted
 
 
+@pytest.mark.parametrize("change", ["labels", "mean"])
+def test_a_checkpoint_trained_on_other_data_is_not_continued(tiny_cfg, tmp_path, caplog, change):
+    """A run dir's data may move (dataset.root is a runtime key: another machine's copy), but a checkpoint continued
+    on other content (another file behind the same key, other noisy labels) would finish a run that trained on two
+    datasets and looks like one. The checkpoint records the training labels' digest and the images' statistics; a
+    resume on data that differs moves the run aside and starts afresh, saying why."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=3"]
+    train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path)
+    for name in (CHECKPOINT, PREVIOUS):
+        if (tmp_path / name).exists():
+            ckpt = torch.load(tmp_path / name, weights_only=True)
+            assert len(ckpt["data"]["labels_sha256"]) == 64
+            if change == "labels":
+                ckpt["data"]["labels_sha256"] = "0" * 64
+            else:
+                ckpt["data"]["mean"] = [m + 1e-3 for m in ckpt["data"]["mean"]]
+            torch.save(ckpt, tmp_path / name)
+    summary = train(tiny_cfg(*over), tmp_path)
+    assert "trained on other data" in caplog.text and "starting afresh" in caplog.text
+    assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2, 3]
+    assert list(tmp_path.glob("previous-*/metrics.jsonl"))
+
+
+def test_a_checkpoint_without_a_label_digest_still_resumes(tiny_cfg, tmp_path):
+    """Checkpoints written before the digest (a study's interrupted runs) resume on the statistics alone."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=3"]
+    train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path)
+    for name in (CHECKPOINT, PREVIOUS):
+        if (tmp_path / name).exists():
+            ckpt = torch.load(tmp_path / name, weights_only=True)
+            del ckpt["data"]["labels_sha256"]
+            torch.save(ckpt, tmp_path / name)
+    train(tiny_cfg(*over), tmp_path)
+    assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path)] == [(1, 4), (2, 5), (2, 8), (3, 12)]
+
 def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
     train(tiny_cfg("trainer.checkpoint=true"), tmp_path)
     old = (tmp_path / "metrics.jsonl").read_text()
@@ -351,6 +386,20 @@ def test_a_mid_epoch_checkpoint_resumes_exactly(tiny_cfg, tmp_path):
     assert [rows[0], *rows[2:]] == untimed(rows_of(tmp_path / "ref"))
     assert resumed["test_error"] == ref["test_error"] and resumed["train_loss"] == ref["train_loss"]
 
+
+def test_a_step_limit_on_an_epochs_last_batch_closes_the_epoch(tiny_cfg, tmp_path):
+    """max_steps reached on the last batch of an epoch: the epoch was trained whole and evaluated, so a run resumed
+    under a higher limit goes on with the next epoch. It resumed into the same epoch, trained no batch and scored
+    that epoch a second time (a duplicate row with images_per_s 0). A run that then continues equals one run."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "dataset.augment=flip_crop", "trainer.max_epochs=10"]
+    ref = train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "ref")  # 4 steps per epoch
+    first = train(tiny_cfg(*over, "trainer.max_steps=8"), tmp_path / "run")
+    assert first["stop_reason"] == "max_steps" and first["epochs"] == 2
+    resumed = train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "run")
+    rows = untimed(rows_of(tmp_path / "run"))
+    assert [(r["epoch"], r["step"]) for r in rows] == [(1, 4), (2, 8), (3, 12)]
+    assert rows == untimed(rows_of(tmp_path / "ref"))
+    assert resumed["test_error"] == ref["test_error"] and resumed["train_loss"] == ref["train_loss"]
 
 def test_a_run_killed_between_its_final_checkpoint_and_its_summary_trains_no_further(tiny_cfg, tmp_path):
     over = ["trainer.checkpoint=true", "trainer.max_epochs=2"]

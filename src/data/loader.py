@@ -85,6 +85,18 @@ class Loader:
             return {"gen": self.gen.get_state(), "batch": 0}
         return {"gen": self._epoch_start, "batch": self._batch}
 
+    @property
+    def pass_complete(self) -> bool:
+        """Whether the current pass has handed out its last batch (its caller may have stopped before asking for
+        more, which would end the pass)."""
+        return self._epoch_start is not None and self._batch >= len(self)
+
+    def end_pass(self) -> None:
+        """End a pass whose last batch was handed out: the generator already stands where the pass leaves it, so the
+        state is the one between passes."""
+        assert self.pass_complete, "end_pass: the pass has batches left"
+        self._epoch_start = None
+
     def load_state_dict(self, state: dict) -> None:
         self.gen.set_state(state["gen"])
         self._skip, self._epoch_start, self._batch = int(state["batch"]), None, 0
