@@ -15,8 +15,10 @@
 # duration and put them back after it: `bash benchmarks/gpu_records.sh prepare` (then `restore`) does that and builds
 # .gpudata/ and .whl/ for MODE=vit_main; `... recopy FILES_AT HEADER` turns the call's records into the committed ones.
 #
-# DATA holds the prefix archives the machine can take (python -m src.data.prefix): cifar10_8192_2000.npz (the
-# first 8192 training and 2000 test images of ../shared/data/cifar10.npz). A .whl/ folder of wheels (Hydra,
+# DATA holds the subset archives the machine can take (python -m src.data.prefix ... --test-sample prefix, as the
+# committed pilots were built): cifar10_8192_2000.npz and mnist_16384_2000.npz (the first 8192 / 16384 training and
+# 2000 test images of ../shared/data/cifar10.npz / mnist.npz; MNIST's test prefix is harder than its whole split, so
+# a new pilot should build its archive with the tool's default, a class-stratified test sample). A .whl/ folder of wheels (Hydra,
 # Optuna, ...) is installed into /tmp/site first when the machine lacks them. A step stopped by its time box gets
 # SIGTERM, so its runs checkpoint and the sweep resumes with the same command.
 set -u
