@@ -29,7 +29,8 @@ STUDIES = ROOT / "docs" / "studies"
 SCRIPTS = ["attention/scripts/attention_stats.py", "attention/scripts/declared_test.py",
            "double_descent_cnn_cifar10/scripts/collapses.py", "double_descent_cnn_cifar10/scripts/dead_units.py",
            "heads_depth/scripts/init_epochs_at_chance.py", "heads_depth/scripts/init_probe.py",
-           "heads_depth/scripts/orderings.py", "heads_depth/scripts/supplement.py",
+           "heads_depth/scripts/orderings.py", "heads_depth/scripts/precision_check.py",
+           "heads_depth/scripts/supplement.py",
            "patch_size/scripts/lean_probe.py",
            "rsna_patch_size/scripts/make_synth_tree.py", "rsna_patch_size/scripts/supplement.py",
            "vit_vs_cnn/scripts/bn_recalibration.py"]
@@ -512,3 +513,41 @@ def test_rsna_supplement_regenerates_synthetic_runs(tmp_path, monkeypatch, capsy
     for name in ("synthetic_runs.csv", "synthetic_runs.md"):
         assert (out / name).read_bytes() == (committed / name).read_bytes(), name
     assert capsys.readouterr().out == (committed / "synthetic_runs.md").read_text()
+
+
+# --- heads_depth: the precision check -------------------------------------------------------------------------------
+
+
+def _precision_runs(root: Path, heads_gap: float, bf16_cost: float, rng: int = 0) -> Path:
+    """The check's 32 runs written by hand: h1_d1 worse than h4_d1 by ``heads_gap``, bf16 worse than fp32 by
+    ``bf16_cost`` (h1_d1 only), seed noise sd 0.005 drawn per (n_train, seed), the same for both archs at both precisions."""
+    draws = np.random.default_rng(rng).standard_normal((2, 4))
+    num = 0
+    for arch, heads in (("h1_d1", 1), ("h4_d1", 4)):
+        for prec in ("bf16", "fp32"):
+            for n in (1024, 2048):
+                for seed in range(4):
+                    err = 0.15 + (heads_gap if heads == 1 else 0) + (bf16_cost if prec == "bf16" and heads == 1
+                                                                    else 0) + 0.005 * draws[n // 2048, seed]
+                    cfg = {"seed": seed, "dataset": {"n_train": n}, "trainer": {"precision": prec},
+                           "model": {"_target_": "src.models.vit.ViT", "heads": heads, "depth": 1}}
+                    write_run(root, num, cfg, {"status": "completed", "stop_reason": "converged", "test_error": err,
+                                               "train_error": 0.0, "precision": prec, "seed": seed, "wall_s": 60.0,
+                                               "machines": ["a CPU"]})
+                    num += 1
+    return root
+
+
+@pytest.mark.parametrize("gap, cost, verdict", [(0.03, 0.0, "stands, unconfounded"),
+                                                (0.0, 0.03, "confounded with precision"),
+                                                (0.0, 0.0, "not resolved at bf16, fp32")])
+def test_the_precision_check_applies_its_declared_rule(monkeypatch, tmp_path, gap, cost, verdict):
+    """The heads ordering tested within each precision, and the precision effect paired by seed: a planted heads gap
+    holds at both precisions; a planted bf16 cost with no heads gap reads as confounded; neither, as not resolved."""
+    records = _precision_runs(tmp_path / "runs", gap, cost)
+    run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
+    text = (tmp_path / "out.md").read_text()
+    assert "Runs: 32 of 32 completed" in text and f"\"4 heads help\" **{verdict}" in text
+    shutil.rmtree(records / "0")
+    run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
+    assert "**Not yet tested**: 1 runs missing" in (tmp_path / "out.md").read_text()
