@@ -520,10 +520,11 @@ def test_rsna_supplement_regenerates_synthetic_runs(tmp_path, monkeypatch, capsy
 
 def _precision_runs(root: Path, heads_gap: float, bf16_cost: float, rng: int = 0) -> Path:
     """The check's 32 runs written by hand: h1_d1 worse than h4_d1 by ``heads_gap``, bf16 worse than fp32 by
-    ``bf16_cost`` (h1_d1 only), seed noise sd 0.005 drawn per (n_train, seed), the same for both archs at both precisions."""
+    ``bf16_cost`` (h1_d1 only), seed noise sd 0.005 drawn per (n_train, seed), the same for both archs and
+    precisions."""
     draws = np.random.default_rng(rng).standard_normal((2, 4))
     num = 0
-    for arch, heads in (("h1_d1", 1), ("h4_d1", 4)):
+    for heads in (1, 4):
         for prec in ("bf16", "fp32"):
             for n in (1024, 2048):
                 for seed in range(4):

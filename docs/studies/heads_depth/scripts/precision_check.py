@@ -158,7 +158,8 @@ def report(runs: pd.DataFrame, main: pd.DataFrame | None) -> str:
         rows = []
         for n in SIZES:
             (ea, a), (eb, b) = cell("h1_d1", n), cell("h4_d1", n)
-            rows.append({"n_train": n, "h1_d1 (precisions)": a, "h4_d1 (precisions)": b, "gap": f"{100 * (ea - eb):+.2f}"})
+            rows.append({"n_train": n, "h1_d1 (precisions)": a, "h4_d1 (precisions)": b,
+                         "gap": f"{100 * (ea - eb):+.2f}"})
         lines += ["## Beside it: the main run's gap at these cells (observations, another machine: the Zen 4)", "",
                   to_markdown(pd.DataFrame(rows)), ""]
     return "\n".join(lines) + "\n"
