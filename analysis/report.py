@@ -298,7 +298,7 @@ def _execution(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     a count per compared setting, and a warning when the settings differ in them (a difference between settings may
     then be precision's or the device's as well)."""
     done = runs[runs["status"] == "completed"]
-    cols = [c for c in EXECUTION if c in done and done[c].notna().any()]
+    cols = [c for c in EXECUTION if c in done and done[c].notna().any() and c not in varied]  # --by precision: a key
     if done.empty or not cols:
         return
     shown = done.assign(**{c: done[c].fillna("unknown").astype(str) for c in cols})
@@ -310,8 +310,13 @@ def _execution(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
         return
     groups = shown.groupby(varied, dropna=False, sort=True) if varied else shown.assign(_all="all").groupby("_all")
     table = groups[cols].agg(_counts).reset_index()
-    differ = varied and any(groups[c].apply(lambda v: tuple(sorted(v.value_counts(normalize=True).round(6).items())))
-                            .nunique() > 1 for c in cols)
+    def confounded(c: str) -> bool:  # the settings differ in it, and not because it is one of them (a pinned value)
+        mixes = groups[c].apply(lambda v: tuple(sorted(v.value_counts(normalize=True).round(6).items())))
+        if f"trainer.{c}" in varied:
+            return bool((groups[c].nunique() > 1).any())
+        return mixes.nunique() > 1
+
+    differ = bool(varied) and any(confounded(c) for c in cols)
     rep.add("## Precision and device", "",
             "The completed runs trained at more than one " + " or ".join(cols) + " (from their summary.json; "
             "`trainer.precision=auto` chooses per model and machine, so configs that all say `auto` can differ)"

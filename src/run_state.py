@@ -244,16 +244,20 @@ class RunState:
     def data_record(self) -> dict[str, Any]:
         """What the checkpoint keeps of the data it trained on: the training images' statistics and shape, the class
         count and a digest of the training labels as trained (label noise applied)."""
-        labels = self.data.y_train.detach().cpu().contiguous().numpy().tobytes()
+        def digest(y: torch.Tensor) -> str:
+            return hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
         return {"mean": list(self.data.mean), "std": list(self.data.std), "image_shape": list(self.data.image_shape),
-                "num_classes": self.data.num_classes, "labels_sha256": hashlib.sha256(labels).hexdigest()}
+                "num_classes": self.data.num_classes, "labels_sha256": digest(self.data.y_train),
+                "test_labels_sha256": digest(self.data.y_test)}
 
     def check_same_data(self, saved: Mapping[str, Any] | None) -> None:
-        """Raise ValueError when a checkpoint trained on other data than this run's: ``dataset.root`` may move
-        between starts (another machine's copy of a file), but continuing on other content (another file, other
-        noisy labels) would finish one run on two datasets. The statistics are compared to a relative 1e-6 (their
-        sums may round differently on another CPU); a checkpoint written before the label digest has none to
-        compare."""
+        """Raise :class:`OtherDataError` when a checkpoint trained on other data than this run's: ``dataset.root``
+        may move between starts (another machine's copy of a file), but continuing on other content (another file,
+        other noisy labels, another test set) would finish one run on two datasets. It is an error, not a checkpoint
+        to fall back from: starting afresh would throw the run's training away for what is likely a wrong path. The
+        statistics are compared to a relative 1e-6 (their sums may round differently on another CPU); a checkpoint
+        written before the label digests has none to compare."""
         if not saved:
             return
         now = self.data_record()
@@ -262,12 +266,14 @@ class RunState:
         differ += [k for k in ("mean", "std")
                    if not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
                               for a, b in zip(saved[k], now[k], strict=True))]
-        if saved.get("labels_sha256") not in (None, now["labels_sha256"]):
-            differ.append("training labels")
+        for key, what in (("labels_sha256", "training labels"), ("test_labels_sha256", "test labels")):
+            if saved.get(key) not in (None, now[key]):
+                differ.append(what)
         if differ:
-            raise ValueError(f"the checkpoint trained on other data ({', '.join(differ)} differ): the data behind "
-                             "dataset.root or the label noise changed since. Fix: point dataset.root back at the run's "
-                             "data, or trainer.resume=never to train this run afresh on the new data")
+            raise OtherDataError(f"the checkpoint trained on other data ({', '.join(differ)} differ): the data behind "
+                                 "dataset.root or the label noise changed since. Fix: point dataset.root back at the "
+                                 "run's data, or trainer.resume=never to move this run's files aside and train it "
+                                 "afresh on the new data")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; raises (RuntimeError, ValueError, KeyError) on one that does not fit."""
@@ -294,6 +300,10 @@ class RunState:
         self.info["machines"] = before + [m for m in self.info["machines"] if m not in before]
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))
+
+
+class OtherDataError(Exception):
+    """A checkpoint of this run dir trained on other data than this start would: not resumed, and not replaced."""
 
 
 def _listed(value: Any) -> list:

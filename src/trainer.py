@@ -228,6 +228,7 @@ def close_epoch(state: RunState, reason: str | None, images: int, started: float
         # evaluated below, so a run resumed under a higher limit goes on with the next epoch (not this one again)
         state.epoch_done = True
         state.train_loader.end_pass()
+        reason = state.rules.after_epoch(state.epoch) or reason  # the epoch cap, when it fell on the same batch
     reason = reason or state.rules.after_epoch(state.epoch)
     if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
         later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar,

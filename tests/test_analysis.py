@@ -903,3 +903,19 @@ def test_history_rows_carry_their_runs_flags_not_flags_of_each_epoch(tmp_path):
                                               best_train_error=0.0), rows)
     hist = load_history([tmp_path])
     assert len(hist) == 4 and not hist["stalled"].any() and not hist["collapsed"].any()
+
+
+def test_a_precision_that_is_a_compared_setting_is_not_a_confound_and_may_be_grouped_by(tmp_path):
+    """A sweep over `trainer.precision` (heads_depth's precision check) compares precisions on purpose: no warning
+    when each setting trained at the one it pinned; and `--by precision` (the summary's column) writes the report."""
+    num = 0
+    for prec in ("bf16", "fp32"):
+        for s in range(2):
+            cfg = {**config(s), "trainer": {"max_epochs": 3, "precision": prec}}
+            write_run(tmp_path / "s", num, cfg, summary(0.1 + 0.01 * s, seed=s, precision=prec, device="cpu"))
+            num += 1
+    make_report([tmp_path / "s"], tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Precision and device" in text and "Warning" not in text
+    make_report([tmp_path / "s"], tmp_path / "out2", by=["precision"])
+    assert (tmp_path / "out2" / "report.md").exists()

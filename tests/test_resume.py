@@ -287,27 +287,30 @@ def test_a_checkpoint_of_another_shape_falls_back_then_starts_afresh(tiny_cfg, t
     assert list(tmp_path.glob("previous-*/metrics.jsonl"))  # the old records were moved aside, not deleted
 
 
-@pytest.mark.parametrize("change", ["labels", "mean"])
-def test_a_checkpoint_trained_on_other_data_is_not_continued(tiny_cfg, tmp_path, caplog, change):
+@pytest.mark.parametrize("change", ["labels_sha256", "test_labels_sha256", "mean"])
+def test_a_checkpoint_trained_on_other_data_is_not_continued(tiny_cfg, tmp_path, change):
     """A run dir's data may move (dataset.root is a runtime key: another machine's copy), but a checkpoint continued
-    on other content (another file behind the same key, other noisy labels) would finish a run that trained on two
-    datasets and looks like one. The checkpoint records the training labels' digest and the images' statistics; a
-    resume on data that differs moves the run aside and starts afresh, saying why."""
+    on other content (another file behind the same key, other noisy labels, another test set) would finish a run that
+    trained on two datasets and looks like one. The checkpoint records the labels' digests and the images'
+    statistics; a resume on data that differs is an error that names it and leaves the run's files as they were
+    (starting afresh would discard its training for what is likely a wrong path)."""
+    from src.run_state import OtherDataError
+
     over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=3"]
     train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path)
     for name in (CHECKPOINT, PREVIOUS):
         if (tmp_path / name).exists():
             ckpt = torch.load(tmp_path / name, weights_only=True)
-            assert len(ckpt["data"]["labels_sha256"]) == 64
-            if change == "labels":
-                ckpt["data"]["labels_sha256"] = "0" * 64
-            else:
+            assert len(ckpt["data"]["labels_sha256"]) == len(ckpt["data"]["test_labels_sha256"]) == 64
+            if change == "mean":
                 ckpt["data"]["mean"] = [m + 1e-3 for m in ckpt["data"]["mean"]]
+            else:
+                ckpt["data"][change] = "0" * 64
             torch.save(ckpt, tmp_path / name)
-    summary = train(tiny_cfg(*over), tmp_path)
-    assert "trained on other data" in caplog.text and "starting afresh" in caplog.text
-    assert summary["status"] == "completed" and [r["epoch"] for r in rows_of(tmp_path)] == [1, 2, 3]
-    assert list(tmp_path.glob("previous-*/metrics.jsonl"))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(OtherDataError, match="trained on other data .* differ"):
+        train(tiny_cfg(*over), tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
 def test_a_checkpoint_without_a_label_digest_still_resumes(tiny_cfg, tmp_path):
@@ -317,7 +320,7 @@ def test_a_checkpoint_without_a_label_digest_still_resumes(tiny_cfg, tmp_path):
     for name in (CHECKPOINT, PREVIOUS):
         if (tmp_path / name).exists():
             ckpt = torch.load(tmp_path / name, weights_only=True)
-            del ckpt["data"]["labels_sha256"]
+            del ckpt["data"]["labels_sha256"], ckpt["data"]["test_labels_sha256"]
             torch.save(ckpt, tmp_path / name)
     train(tiny_cfg(*over), tmp_path)
     assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path)] == [(1, 4), (2, 5), (2, 8), (3, 12)]
@@ -400,6 +403,13 @@ def test_a_step_limit_on_an_epochs_last_batch_closes_the_epoch(tiny_cfg, tmp_pat
     assert [(r["epoch"], r["step"]) for r in rows] == [(1, 4), (2, 8), (3, 12)]
     assert rows == untimed(rows_of(tmp_path / "ref"))
     assert resumed["test_error"] == ref["test_error"] and resumed["train_loss"] == ref["train_loss"]
+    # the step limit and the epoch cap on the same batch: the run reached its cap, and a resume without the step
+    # limit trains no further (it trained a third epoch, past the cap, and a third start refused the run)
+    capped = [*over[:-1], "trainer.max_epochs=2"]
+    first = train(tiny_cfg(*capped, "trainer.max_steps=8"), tmp_path / "capped")
+    again = train(tiny_cfg(*capped), tmp_path / "capped")
+    assert first["stop_reason"] == again["stop_reason"] == "max_epochs" and again["epochs"] == 2
+    assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path / "capped")] == [(1, 4), (2, 8)]
 
 def test_a_run_killed_between_its_final_checkpoint_and_its_summary_trains_no_further(tiny_cfg, tmp_path):
     over = ["trainer.checkpoint=true", "trainer.max_epochs=2"]

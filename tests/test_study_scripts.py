@@ -552,3 +552,11 @@ def test_the_precision_check_applies_its_declared_rule(monkeypatch, tmp_path, ga
     shutil.rmtree(records / "0")
     run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
     assert "**Not yet tested**: 1 runs missing" in (tmp_path / "out.md").read_text()
+    # a run outside the declared grid (a seed 4) is refused, not paired with another seed's run
+    cfg = {"seed": 4, "dataset": {"n_train": 1024}, "trainer": {"precision": "bf16"},
+           "model": {"_target_": "src.models.vit.ViT", "heads": 1, "depth": 1}}
+    write_run(records, 99, cfg, {"status": "completed", "stop_reason": "converged", "test_error": 0.2,
+                                 "train_error": 0.0, "precision": "bf16", "seed": 4, "wall_s": 60.0,
+                                 "machines": ["a CPU"]})
+    with pytest.raises(SystemExit, match="outside the declared design"):
+        run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")

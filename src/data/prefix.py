@@ -31,6 +31,10 @@ def test_indices(y: np.ndarray, n: int, how: str = "stratified", seed: int = 0) 
         return np.arange(min(n, len(y)))
     from sklearn.model_selection import train_test_split
 
+    classes, counts = np.unique(y, return_counts=True)
+    if n < len(classes) or counts.min() < 2:
+        raise SystemExit(f"--test {n}: a class-stratified sample needs at least one image per class ({len(classes)}) "
+                         "and two images in every class of the split; use --test-sample prefix")
     keep, _ = train_test_split(np.arange(len(y)), train_size=n, stratify=y, random_state=seed)
     return np.sort(keep)
 

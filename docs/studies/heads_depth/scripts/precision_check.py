@@ -53,6 +53,16 @@ def read(path: str) -> pd.DataFrame:
     keys = ["arch", "prec", "dataset.n_train", "seed"]
     if runs.duplicated(keys).any():
         raise SystemExit(f"precision_check: a cell is given twice: {runs[runs.duplicated(keys)][keys].values.tolist()}")
+    design = {(a, p, n, s) for a in ARCHS for p in PRECISIONS for n in SIZES for s in SEEDS}
+    outside = sorted(set(map(tuple, runs[keys].values.tolist())) - design)
+    if outside:
+        raise SystemExit(f"precision_check: runs outside the declared design (arch, precision, n_train, seed): "
+                         f"{outside}")
+    if "machines" in runs:
+        machines = {tuple(m) for m in runs["machines"].dropna()}
+        if len(machines) > 1 or any(len(m) > 1 for m in machines):
+            raise SystemExit(f"precision_check: the check was declared on one machine; these runs trained on "
+                             f"{machines}")
     return runs
 
 
