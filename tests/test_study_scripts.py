@@ -560,3 +560,11 @@ def test_the_precision_check_applies_its_declared_rule(monkeypatch, tmp_path, ga
                                  "machines": ["a CPU"]})
     with pytest.raises(SystemExit, match="outside the declared design"):
         run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
+
+
+def test_the_committed_precision_check_regenerates_from_its_records(monkeypatch, tmp_path):
+    """The report's precision check (analysis/precision_check.md) is the script's output on the committed records."""
+    study = STUDIES / "heads_depth"
+    run_script(monkeypatch, "heads_depth/scripts/precision_check.py", study / "records" / "precision",
+               tmp_path / "out.md", "--main", study / "records" / "main")
+    assert (tmp_path / "out.md").read_text() == (study / "analysis" / "precision_check.md").read_text()
