@@ -207,7 +207,9 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     runs written before the contract recorded it as 'failed' with a NaN objective, which is then taken from the
     metric ``objective_name`` names. ``low_lr_stop``: the trainer's flag (it stopped as converged or stalled with
     the lr below a tenth of its base; the flag came with ``lr_at_stop`` and ``base_lr``, so a run without it
-    predates all three: False). Runs that diverged (``nonfinite_loss``) stay failed."""
+    predates all three: False). ``capped``, only where some run has a convergence rule (``trainer.converge_epochs``):
+    a completed run with that rule that ended at its epoch or step cap, so it did not converge. Runs that diverged
+    (``nonfinite_loss``) stay failed."""
     if df.empty:
         return df
     df = df.copy()
@@ -238,6 +240,10 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
             if isinstance(name, str) and name in df and pd.notna(df.at[i, name]):
                 df.at[i, "objective"] = df.at[i, name]
     df["low_lr_stop"] = df["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in df else False
+    rule = "trainer.converge_epochs"
+    if rule in df and df[rule].notna().any():  # a study stopped by convergence: a run at its cap did not converge
+        ended = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
+        df["capped"] = (df["status"] == "completed") & df[rule].notna() & ended.isin(["max_epochs", "max_steps"])
     return df
 
 

@@ -233,7 +233,9 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
             "`window_hi`); `peak_height` is its prominence and `peak_z` that height over the standard error of a "
             "difference of seed means (test-error spread pooled over widths); `peak_significant` when it "
             "exceeds the 5% t point and no seed at the peak's width stalled (`peak_stalled_seeds`: a run stuck at "
-            "chance is a failed training, not a model that barely interpolates). The train panel adds the error "
+            "chance is a failed training, not a model that barely interpolates); `n_capped`, where the runs stop by a "
+            "convergence rule, counts the seeds that reached the epoch cap first (not converged). The train panel "
+            "adds the error "
             "on clean labels (dashed) and on the flipped images (dotted) when the runs recorded them.", "")
     rep.table(summary, "double_descent_summary")
     rep.table(curves, "double_descent_curves")

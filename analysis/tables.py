@@ -23,7 +23,7 @@ METRICS = {
 
 
 # run flags counted per row of a table: column -> header
-FLAGS = {"stalled": "stalled", "low_lr_stop": "low-lr stops"}
+FLAGS = {"stalled": "stalled", "low_lr_stop": "low-lr stops", "capped": "at the cap"}
 
 
 def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:

@@ -919,3 +919,25 @@ def test_a_precision_that_is_a_compared_setting_is_not_a_confound_and_may_be_gro
     assert "## Precision and device" in text and "Warning" not in text
     make_report([tmp_path / "s"], tmp_path / "out2", by=["precision"])
     assert (tmp_path / "out2" / "report.md").exists()
+
+
+def test_tables_count_the_runs_that_ended_at_their_cap_under_a_convergence_rule(tmp_path):
+    """A study stopped by convergence (trainer.converge_epochs) with an epoch cap: a run that reached the cap has not
+    converged, and its error is that of a shorter training than its neighbours'. The tables and descent curves count
+    such seeds (n_capped), as they count stalled ones; a study without a convergence rule gets no such column."""
+    num = 0
+    for width in (8, 16):
+        for s in range(3):
+            cfg = {**config(s, width=width, noise=0.2),
+                   "trainer": {"max_epochs": 500, "converge_epochs": 20, "converge_tol": 0.0}}
+            reason = "max_epochs" if (width, s) in ((16, 0), (16, 2)) else "converged"
+            write_run(tmp_path / "s", num, cfg, {**summary(0.2, seed=s), "stop_reason": reason})
+            num += 1
+    runs = load_runs([tmp_path / "s"])
+    table = summary_table(runs, ["model.dim"])
+    assert table["n_capped"].tolist() == [0, 2]
+    assert "at the cap" in format_table(table).columns
+    assert descent_curves(runs, width="model.dim")["n_capped"].tolist() == [0, 2]
+    plain = tmp_path / "plain"
+    write_run(plain, 0, config(0), summary(0.2, seed=0))
+    assert "capped" not in load_runs([plain]).columns
