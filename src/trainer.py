@@ -223,13 +223,13 @@ def close_epoch(state: RunState, reason: str | None, images: int, started: float
     state.train_time += epoch_time
     if reason in ("nonfinite_loss", "interrupted"):
         return reason
-    if reason and getattr(state.train_loader, "pass_complete", False):
+    if reason and state.train_loader.pass_complete:
         # a step rule (max_steps, max_wall_s) fired on the epoch's last batch: the epoch was trained whole, and it is
         # evaluated below, so a run resumed under a higher limit goes on with the next epoch (not this one again)
         state.epoch_done = True
         state.train_loader.end_pass()
-        reason = state.rules.after_epoch(state.epoch) or reason  # the epoch cap, when it fell on the same batch
-    reason = reason or state.rules.after_epoch(state.epoch)
+    if state.epoch_done:  # every step of the epoch ran: its cap applies (before a step rule fired on its last batch)
+        reason = state.rules.after_epoch(state.epoch) or reason
     if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
         later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar,
                                   final=reason is not None)
