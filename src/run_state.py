@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import logging
 import math
@@ -229,7 +230,7 @@ class RunState:
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "model_cfg": self.model_cfg, "config": self.cfg,
-            "data": self.data_record(),
+            "data": dict(self.data_record),
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step, "train_time": self.train_time,
             "wall_s": self.wall_s(), "rows": self.recorder.rows if self.recorder else 0,
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
@@ -241,9 +242,11 @@ class RunState:
             "machines": self.info["machines"],  # every machine this run has trained on, in order
         }
 
+    @functools.cached_property
     def data_record(self) -> dict[str, Any]:
         """What the checkpoint keeps of the data it trained on: the training images' statistics and shape, the class
-        count and a digest of the training labels as trained (label noise applied)."""
+        count and digests of the training labels as trained (label noise applied) and of the test labels. The data
+        never changes within a run, so it is computed once, not at every checkpoint."""
         def digest(y: torch.Tensor) -> str:
             return hashlib.sha256(y.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
@@ -260,9 +263,8 @@ class RunState:
         written before the label digests has none to compare."""
         if not saved:
             return
-        now = self.data_record()
-        differ = [k for k in ("image_shape", "num_classes") if list(map(int, _listed(saved[k]))) != list(
-            map(int, _listed(now[k])))]
+        now = self.data_record
+        differ = [k for k in ("image_shape", "num_classes") if saved[k] != now[k]]
         differ += [k for k in ("mean", "std")
                    if not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
                               for a, b in zip(saved[k], now[k], strict=True))]
@@ -304,10 +306,6 @@ class RunState:
 
 class OtherDataError(Exception):
     """A checkpoint of this run dir trained on other data than this start would: not resumed, and not replaced."""
-
-
-def _listed(value: Any) -> list:
-    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def _place(data: DataSplits, device: torch.device) -> bool:
