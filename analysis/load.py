@@ -334,23 +334,20 @@ def read_metrics(path: Path) -> list[dict]:
 def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
     """One row per evaluation (metrics.jsonl line) of every run, plus its config columns and the run's status and flags
     (:func:`result_flags`, from the run's final numbers)."""
-    frames = []
+    records, hists = [], []
     for run_dir in find_run_dirs(paths):
         path = run_dir / "metrics.jsonl"
-        if not path.exists():
-            continue
-        metrics = read_metrics(path)
-        if not metrics:
-            continue
-        row, _ = _run_record(run_dir)
-        # the run's flags and status from its own final numbers (a stalled run is a result), not each epoch's: an
-        # epoch at chance early in a run that learned is no stalled run
-        row = result_flags(pd.DataFrame([row])).iloc[0].to_dict()
-        hist = pd.DataFrame(metrics)
-        static = {k: v for k, v in row.items() if k not in hist.columns}
-        frames.append(hist.assign(**{k: [v] * len(hist) for k, v in static.items()}))
-    if not frames:
+        metrics = read_metrics(path) if path.exists() else []
+        if metrics:
+            records.append(_run_record(run_dir)[0])
+            hists.append(pd.DataFrame(metrics))
+    if not hists:
         raise FileNotFoundError(f"no metrics.jsonl with readable lines under {paths}; {_EXPECTED}")
+    # each run's flags and status from its own final numbers (a stalled run is a result), not from each epoch's: an
+    # epoch at chance early in a run that learned is no stalled run
+    runs = result_flags(pd.DataFrame(records))
+    frames = [hist.assign(**{k: [v] * len(hist) for k, v in run.items() if k not in hist.columns})  # lists whole
+              for hist, (_, run) in zip(hists, runs.iterrows(), strict=True)]
     return pd.concat(frames, ignore_index=True)
 
 
