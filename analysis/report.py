@@ -312,11 +312,11 @@ def _execution(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
         return
     groups = shown.groupby(varied, dropna=False, sort=True) if varied else shown.assign(_all="all").groupby("_all")
     table = groups[cols].agg(_counts).reset_index()
+
     def confounded(c: str) -> bool:  # the settings differ in it, and not because it is one of them (a pinned value)
-        mixes = groups[c].apply(lambda v: tuple(sorted(v.value_counts(normalize=True).round(6).items())))
         if f"trainer.{c}" in varied:
             return bool((groups[c].nunique() > 1).any())
-        return mixes.nunique() > 1
+        return groups[c].apply(lambda v: tuple(sorted(v.value_counts(normalize=True).round(6).items()))).nunique() > 1
 
     differ = bool(varied) and any(confounded(c) for c in cols)
     rep.add("## Precision and device", "",

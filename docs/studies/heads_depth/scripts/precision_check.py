@@ -30,14 +30,13 @@ from scipy import stats
 
 from analysis import load_runs, to_markdown
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from orderings import arch_of  # noqa: E402  the study's architecture names, as its orderings read them
+
 ARCHS = ("h1_d1", "h4_d1")
 PRECISIONS = ("bf16", "fp32")
 SIZES = (1024, 2048)
 SEEDS = (0, 1, 2, 3)
-
-
-def arch_of(row: pd.Series) -> str:
-    return f"h{int(row['model.heads'])}_d{int(row['model.depth'])}"
 
 
 def read(path: str) -> pd.DataFrame:
