@@ -78,6 +78,10 @@ def why_not_stackable(cfg: Mapping[str, Any]) -> str | None:
         return "trainer.precision=fp16 cannot stack (one GradScaler per run): use bf16 or fp32"
     if cfg["trainer"].get("compile"):
         return "trainer.compile=true cannot stack: the stacked step is eager"
+    nested = [k for k, v in cfg["model"].items() if isinstance(v, Mapping) and "_target_" in v]
+    if nested:  # e.g. a conv stem with BatchNorm, whose running statistics cannot stack
+        return (f"model.{nested[0]}._target_ builds a sub-module whose layers are not checked for stacking: "
+                "use hydra.launcher.stack=never")
     return None
 
 
@@ -313,6 +317,16 @@ def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
     return parts
 
 
+def stack_parts(states: dict[int, RunState]) -> list[list[int]]:
+    """The members cut into the parts that train as one stack: by resolved precision first (the stacked step runs
+    under its first member's autocast, and ``precision=auto`` may resolve differently for a member resumed from a
+    checkpoint of another machine), then by the device's memory (``fitting_parts``)."""
+    by_precision: dict[Any, dict[int, RunState]] = {}
+    for k, s in states.items():
+        by_precision.setdefault(s.info.get("precision"), {})[k] = s
+    return [part for group in by_precision.values() for part in fitting_parts(group)]
+
+
 def train_stacked(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Path],
                   reporters: Sequence[Reporter | None], sweep_dir: str | Path | None = None,
                   on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
@@ -361,8 +375,12 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             _report(on_done, k, done)
         except Exception as e:  # this member fails alone
             results[k] = e
-    for part in fitting_parts(states) if states else []:
+    for part in stack_parts(states):
         members = {k: states[k] for k in part}
+        for s in members.values():  # what the member's summary records of how it trained
+            s.info["stacked_members"] = len(members)
+            if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates with
+                s.info["attention_trained"] = "explicit"
         try:
             results_by_member = run_members(members, {k: reporters[k] for k in part}, on_done)
         except Exception as e:  # the stacked step itself failed: every member still training records it

@@ -8,8 +8,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from src import stacked
 from src.run_state import setup
-from src.stacked import MemberStack, plan_groups, train_members
+from src.stacked import MemberStack, plan_groups, train_members, why_not_stackable
 from src.trainer import train, train_step
 from tests.conftest import TINY, compose_cfg
 from tests.helpers import run_cli
@@ -83,13 +84,45 @@ def test_a_diverging_member_stops_alone_and_the_others_finish_as_single_runs(tmp
         assert results[k]["stop_reason"] == alone["stop_reason"] == "max_epochs"
         assert results[k]["test_error"] == pytest.approx(alone["test_error"], abs=0.02)
         assert results[k]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
-        assert results[k].keys() == alone.keys()
+        assert results[k].keys() - {"stacked_members"} == alone.keys() and results[k]["stacked_members"] == 3
         rows = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in (f"m{k}", f"alone{k}")]
         assert len(rows[0]) == len(rows[1]) == 3
         ckpt = torch.load(tmp_path / f"m{k}" / "checkpoint.pt", weights_only=True)
         assert ckpt["epoch"] == 3 and ckpt["model"].keys() == torch.load(
             tmp_path / f"alone{k}" / "checkpoint.pt", weights_only=True)["model"].keys()
         assert sum(v.numel() for v in ckpt["model"].values()) == results[k]["params"]  # no other member's weights
+
+
+def test_a_model_with_a_configured_sub_module_is_not_stacked():
+    """A ViT given a conv stem (BatchNorm inside) passed the check on model._target_ alone and failed at its first
+    stacked step (`running_mean should contain 4 elements not 8`), taking its whole group with it."""
+    cfg = plain(*VIT)
+    cfg["model"]["stem"] = {"_target_": "src.models.vit.conv_stem", "in_channels": 1, "channels": 8, "stride": 1}
+    assert "model.stem._target_ builds a sub-module" in why_not_stackable(cfg)
+    assert why_not_stackable(plain(*VIT)) is None
+
+
+def test_members_of_other_resolved_precisions_train_apart_and_record_how_they_trained(tmp_path, monkeypatch):
+    """The stacked step runs under its first member's autocast: members whose precision resolved differently (a run
+    resumed from another machine's checkpoint keeps the precision it chose there) train in separate stacks, else one
+    of them trains at the other's precision while its summary names its own. A member's summary says it trained
+    stacked and, for a ViT, with the explicit attention ops."""
+    stacks = []
+    build = stacked.MemberStack.__init__
+
+    def spy(self, states):
+        stacks.append(sorted(s.info["precision"] for s in states))
+        build(self, states)
+
+    monkeypatch.setattr(stacked.MemberStack, "__init__", spy)
+    cfgs = [plain(*VIT, "trainer.max_epochs=1", f"trainer.precision={p}", "seed=1") for p in ("bf16", "fp32")]
+    results = train_members(cfgs, [tmp_path / p for p in ("bf16", "fp32")])
+    assert stacks == [["bf16"], ["fp32"]]
+    for k, p in enumerate(("bf16", "fp32")):
+        alone = train(cfgs[k], tmp_path / f"alone_{p}")
+        assert results[k]["precision"] == alone["precision"] == p
+        assert results[k]["stacked_members"] == 1 and results[k]["attention_trained"] == "explicit"
+        assert "stacked_members" not in alone and "attention_trained" not in alone
 
 
 def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
@@ -103,6 +136,7 @@ def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "completed" and (run / ".hydra" / "config.yaml").is_file()
         assert summary["seed"] == k // 2 and len((run / "metrics.jsonl").read_text().splitlines()) == 1
+        assert summary["stacked_members"] == 4
     bad = run_cli("-m", "model=cnn_vgg", *CNN[2:], "seed=0,1", "hydra/launcher=vectorized",
                   "hydra.launcher.stack=always", f"hydra.sweep.dir={tmp_path / 'bad'}")
     assert bad.returncode != 0 and "model._target_=src.models.cnn.VGGCNN cannot stack" in bad.stderr
