@@ -59,7 +59,8 @@ reports: install
 	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main_fixed --capped-from \
 		$(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 --curves \
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_fixed_test.md
-	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --out $(S)/double_descent_vit/analysis/pilot_plan.md
+	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
+		--out $(S)/double_descent_vit/analysis/pilot_plan.md
 	$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/earlier_cpu \
 		$(S)/double_descent_cnn_cifar10/records/earlier_cpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/earlier_cpu
 	$(PY) -m analysis.design plan $(S)/double_descent_cnn_cifar10/records/pilot_gpu \
@@ -72,6 +73,8 @@ reports: install
 				--out $(S)/double_descent_cnn_cifar10/analysis/$$arm/$${c#*:}.md > /dev/null; \
 		done; \
 	done
+	$(PY) $(S)/heads_depth/scripts/precision_check.py $(S)/heads_depth/records/precision \
+		$(S)/heads_depth/analysis/precision_check.md --main $(S)/heads_depth/records/main > /dev/null
 	$(PY) $(S)/attention/scripts/declared_test.py $(S)/attention/analysis/seeds/attention_stats.csv \
 		$(S)/attention/analysis/seeds/declared_test.md > /dev/null
 	for s in patch_size:rerun vit_vs_cnn:rerun tune_vit:rerun_median tune_vit:rerun_none; do \

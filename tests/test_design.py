@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -363,14 +364,23 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "docs" / "studies"
 
 
-@pytest.mark.parametrize("study, dirs", [
-    ("double_descent_cnn", ["pilot_gpu"]), ("double_descent_vit", ["pilot_gpu"]),
-    ("double_descent_cnn_cifar10", ["pilot_gpu", "pilot_gpu_threshold"])])
-def test_each_pilot_table_regenerates_from_its_committed_records(study, dirs, tmp_path):
+@pytest.mark.parametrize("study, dirs, main_scale", [
+    ("double_descent_cnn", ["pilot_gpu"], "cpu"), ("double_descent_vit", ["pilot_gpu"], "cpu"),
+    ("double_descent_cnn_cifar10", ["pilot_gpu", "pilot_gpu_threshold"], "main")])
+def test_each_pilot_table_regenerates_from_its_committed_records_at_the_declared_effect(study, dirs, main_scale,
+                                                                                       tmp_path):
+    """The pilot plan is computed at the effect its main run's header declares (its `--effect`, else the tool's
+    0.05): the ViT plan had said 0.05 where the header declared 0.03, and a regeneration with the same default
+    passed."""
+    header = (ROOT / "sweeps" / "scales" / study / f"{main_scale}.yaml").read_text()
+    declared = re.search(r"--effect (\d*\.\d+)", header)
+    effect = declared.group(1) if declared else "0.05"
     records = STUDIES / study / "records"
     out = tmp_path / "plan.md"
-    design.main(["plan", *[str(records / d) for d in dirs], "--out", str(out)])
-    assert out.read_text() == (STUDIES / study / "analysis" / "pilot_plan.md").read_text()
+    design.main(["plan", *[str(records / d) for d in dirs], "--effect", effect, "--out", str(out)])
+    committed = (STUDIES / study / "analysis" / "pilot_plan.md").read_text()
+    assert f"Published effect taken as {float(effect):.3f}." in committed
+    assert out.read_text() == committed
 
 
 def test_the_heads_depth_declared_analysis_regenerates_from_its_committed_records():
