@@ -215,6 +215,24 @@ def test_declared_test_regenerates_the_committed_verdict_table(tmp_path, monkeyp
         run_script(monkeypatch, "attention/scripts/declared_test.py")
 
 
+def test_the_attention_reports_verdict_says_what_its_declared_test_prints():
+    """Each verdict word of the declared test's table (reproduced, inconclusive, not reproduced) is the report's
+    verdict row's, and no other: the table read "not reproduced" for layer 1 while the report said "inconclusive"."""
+    def words(text: str) -> set[str]:
+        text = text.lower()
+        found = {w for w in ("not reproduced", "inconclusive") if w in text}
+        return found | ({"reproduced"} if re.search(r"(?<!not )reproduced", text) else set())
+
+    table = (STUDIES / "attention" / "analysis" / "seeds" / "declared_test.md").read_text()
+    verdicts = [line.split("|")[-2] for line in table.splitlines() if line.startswith("| layer") or
+                line.startswith("| rollout")]
+    row = next(line for line in (STUDIES / "attention" / "report.md").read_text().splitlines()
+               if line.startswith("| **Verdict (declared test"))
+    bold = re.search(r"\*\*(.+?)\*\*", row.split("|")[2]).group(1)
+    assert len(verdicts) == 2
+    assert set().union(*(words(v.split(";")[0]) for v in verdicts)) == words(bold)
+
+
 # --- vit_vs_cnn -------------------------------------------------------------------------------------------------------
 
 BN_LINE = re.compile(r"(?P<label>.+): train acc (?P<train>\d\.\d{4}), test acc (?P<test>\d\.\d{4}); "
