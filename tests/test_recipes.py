@@ -205,3 +205,16 @@ def test_help_describes_each_study_without_stopping_mid_phrase(name):
     assert 10 < len(text) <= 95, text
     assert not text.rstrip(" .").endswith(("=", "(", "--", ",")), text
     assert text.count("(") == text.count(")") or text.endswith("..."), text
+
+
+@pytest.mark.parametrize("sweep", sorted(p.name for p in (ROOT / "sweeps" / "scales").iterdir() if p.is_dir()))
+def test_a_sweep_headers_scale_list_names_every_scale_it_has(sweep):
+    """The `# Scales` paragraph of a sweep file's header names each file of sweeps/scales/<sweep>/ (five headers
+    had left out a scale added later: cpu3, cpu_fixed, main, cpu_precision)."""
+    lines = (ROOT / "sweeps" / f"{sweep}.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Scales"))
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "#")
+    paragraph = " ".join(lines[start:end])
+    missing = [p.stem for p in sorted((ROOT / "sweeps" / "scales" / sweep).glob("*.yaml"))
+               if not re.search(rf"(?<![\w-]){p.stem}(?![\w-])", paragraph)]
+    assert not missing, f"sweeps/{sweep}.yaml's '# Scales' paragraph does not name {missing}"
