@@ -375,23 +375,27 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             _report(on_done, k, done)
         except Exception as e:  # this member fails alone
             results[k] = e
-    for part in stack_parts(states):
-        members = {k: states[k] for k in part}
-        for s in members.values():  # what the member's summary records of how it trained
-            s.info["stacked_members"] = len(members)
-            if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates with
-                s.info["attention_trained"] = "explicit"
-        try:
-            results_by_member = run_members(members, {k: reporters[k] for k in part}, on_done)
-        except Exception as e:  # the stacked step itself failed: every member still training records it
-            for k, s in members.items():
-                if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
-                    s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
-                results[k] = e
-        else:
-            for k, summary in results_by_member.items():
-                results[k] = summary
-        finally:  # their summaries closed them; this closes them after an exception that came before one
-            for s in members.values():
-                s.recorder.trackers.close()
+    try:
+        for part in stack_parts(states):
+            members = {k: states[k] for k in part}
+            for s in members.values():  # what the member's summary records of how it trained
+                s.info["stacked_members"] = len(members)
+                if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates with
+                    s.info["attention_trained"] = "explicit"
+            try:
+                results_by_member = run_members(members, {k: reporters[k] for k in part}, on_done)
+            except Exception as e:  # the stacked step itself failed: every member still training records it
+                for k, s in members.items():
+                    if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
+                        s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
+                    results[k] = e
+            else:
+                for k, summary in results_by_member.items():
+                    results[k] = summary
+            finally:  # their summaries closed them; this closes them after an exception that came before one
+                for s in members.values():
+                    s.recorder.trackers.close()
+    finally:  # a stop (RunInterrupted) in one part leaves the later parts' members unstarted: their tracker runs
+        for s in states.values():  # end too (closing twice is a no-op)
+            s.recorder.trackers.close()
     return results

@@ -10,7 +10,9 @@ is not installed is refused before any training (``check_trackers``, from ``src.
 
 A resumed run continues its tracker run: TensorBoard discards the events after the checkpoint's step
 (``purge_step``), and MLflow reopens the run whose id ``tracker.json`` keeps in the run dir and logs only the
-steps it has not seen, so a killed and resumed run is one curve with no step twice.
+steps it has not seen, so a killed and resumed run is one curve with no step twice. A retried trial renames the
+MLflow run it continues; a run dir copied or moved elsewhere gets an MLflow run of its own (``tracker.json`` names
+a run tagged with another run dir); a tracker run that starts on a resumed run dir is sent the rows it kept.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}  # tracker -> the package it imports (= its extra)
 TRACKER_FILE = "tracker.json"  # a run's MLflow run id and store, so a resumed run continues it
 SUMMARY_TAGS = ("status", "stop_reason", "objective_name", "stalled", "collapsed")
+# how the run trained, as its summary records it (precision=auto and model.attention=auto resolve per machine; a
+# stacked member trains with the explicit attention ops): tagged where present
+FACT_TAGS = ("precision", "device", "attention", "attention_trained", "stacked_members")
 DEFAULT_EXPERIMENT = "vitsweep"  # MLflow's experiment outside an Optuna study
 MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
@@ -81,6 +86,17 @@ def numbers(row: Mapping[str, Any]) -> dict[str, float]:
             if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
+def kept_rows(run_dir: Path, resume_step: int) -> list[dict]:
+    """The rows ``metrics.jsonl`` keeps up to ``resume_step`` (a resume has cut it back to its checkpoint): what a
+    tracker run that starts on a resumed run dir (a tracker added on resume, a run dir copied or moved) sends first,
+    so that its curve is the run's whole curve."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if resume_step <= 0 or not path.is_file():
+        return []
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in rows if int(r.get("step", 0)) <= resume_step]
+
+
 class TensorBoardTracker:
     """Event files in ``<run dir>/tensorboard``: each row's numbers as scalars at its step, the config as
     hparams (with the study and trial), the summary as text and ``summary/*`` scalars."""
@@ -104,6 +120,10 @@ class TensorBoardTracker:
         if fresh:
             for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan}):
                 self.writer.file_writer.add_summary(summary)
+            for row in kept_rows(run_dir, resume_step):  # a tracker added to a resumed run: its curve so far
+                self.log_metrics(row)
+        elif tags:  # a resumed start (a retried trial resumes the run dir under its own trial number)
+            self.writer.add_text("vitsweep/start", json.dumps(dict(tags)), resume_step + 1)
 
     def log_metrics(self, row: Mapping[str, Any]) -> None:
         for k, v in numbers(row).items():
@@ -160,34 +180,90 @@ class MLflowTracker:
         return self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
 
     def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         path = Path(run_dir) / TRACKER_FILE
         record = json.loads(path.read_text()).get("mlflow", {}) if path.is_file() else {}
-        uri = record.get("tracking_uri") or self._uri(Path(run_dir))  # a resumed run stays in its store
-        with _store_lock(uri):  # the client creates a new store's tables as it is made
-            self.client = MlflowClient(tracking_uri=uri)
-            experiment_id = None if record.get("run_id") else self._experiment(tags)
+        here = str(Path(run_dir).absolute())
         params = {k: str(v)[:MAX_PARAM_CHARS] for k, v in flat_params(cfg).items()}
-        if record.get("run_id"):
-            self.run_id = record["run_id"]
+        run = self._reopen(record, here)
+        if run is not None:  # a resumed run continues its MLflow run
+            self.run_id = run.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            self._retag(run, tags)
             logged = self.client.get_metric_history(self.run_id, "epoch")
             self.seen_through = max((m.step for m in logged), default=-1)  # logged before a kill: not again
-            params = {k: v for k, v in params.items() if k not in self.client.get_run(self.run_id).data.params}
+            params = {k: v for k, v in params.items() if k not in run.data.params}
         else:
-            run_tags = {"vitsweep.run_dir": str(Path(run_dir).absolute()),
-                        **{f"vitsweep.{k}": str(v) for k, v in tags.items()}}
+            uri = self._uri(Path(run_dir))
+            with _store_lock(uri):  # the client creates a new store's tables as it is made
+                self.client = MlflowClient(tracking_uri=uri)
+                experiment_id = self._experiment(tags)
+            run_tags = {"vitsweep.run_dir": here, **{f"vitsweep.{k}": str(v) for k, v in tags.items()}}
             name = f"trial-{tags['trial_number']}" if "trial_number" in tags else Path(run_dir).name
             self.run_id = self.client.create_run(experiment_id, run_name=name, tags=run_tags).info.run_id
             text = json.dumps({"mlflow": {"tracking_uri": uri, "experiment_id": experiment_id,
                                           "run_id": self.run_id}}, indent=2) + "\n"
             atomic_write(path, lambda f: f.write(text.encode()))
-        from mlflow.entities import Param
-
+            self._supersede(Path(run_dir))
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + PARAMS_PER_BATCH])
+        if run is None:
+            for row in kept_rows(run_dir, resume_step):  # a resumed run dir's new MLflow run: its curve so far
+                self.log_metrics(row)
+
+    def _reopen(self, record: Mapping[str, Any], here: str) -> Any:
+        """The MLflow run ``tracker.json`` names, to continue; None where there is none, or where it belongs to
+        another run dir (this one was copied or moved: continuing would write into the original's run)."""
+        if not record.get("run_id"):
+            return None
+        from mlflow.tracking import MlflowClient
+
+        uri = record.get("tracking_uri") or ""
+        try:
+            with _store_lock(uri):
+                self.client = MlflowClient(tracking_uri=uri)
+            run = self.client.get_run(record["run_id"])
+        except Exception as e:  # noqa: BLE001 - a store that is gone or unreachable from here
+            run, owner = None, f"a store this run cannot reach ({type(e).__name__})"
+        else:
+            owner = run.data.tags.get("vitsweep.run_dir")
+        if run is not None and owner == here:
+            return run
+        log.warning(f"logger=mlflow: {TRACKER_FILE} in {here} names MLflow run {record['run_id']} of {owner}, not "
+                    "of this run dir (copied or moved): this run gets an MLflow run of its own, sent the rows "
+                    "metrics.jsonl keeps, and the other run is left as it was")
+        return None
+
+    def _retag(self, run: Any, tags: Mapping[str, Any]) -> None:
+        """A retried trial resumes the run dir of the trial it retries, under its own number: the run's study and
+        trial tags and its name follow, and ``vitsweep.trial_numbers`` keeps every trial that trained it."""
+        old = run.data.tags
+        numbers = old.get("vitsweep.trial_numbers") or old.get("vitsweep.trial_number")
+        for k, v in tags.items():
+            if old.get(f"vitsweep.{k}") != str(v):
+                self.client.set_tag(self.run_id, f"vitsweep.{k}", str(v))
+        if "trial_number" in tags and old.get("vitsweep.trial_number") != str(tags["trial_number"]):
+            numbers = f"{numbers},{tags['trial_number']}" if numbers else str(tags["trial_number"])
+            self.client.update_run(self.run_id, name=f"trial-{tags['trial_number']}")
+        if numbers:
+            self.client.set_tag(self.run_id, "vitsweep.trial_numbers", numbers)
+
+    def _supersede(self, run_dir: Path) -> None:
+        """End as KILLED the MLflow runs of earlier starts whose files were moved aside (``previous-*``; a start
+        that died before its first checkpoint, or ``trainer.resume=never``) and that no process will end: they
+        showed RUNNING for ever. Each is tagged with the run that replaced it."""
+        for old in sorted(run_dir.glob(f"previous-*/{TRACKER_FILE}")):
+            with contextlib.suppress(Exception):  # best effort: the record is kept in any case
+                from mlflow.tracking import MlflowClient
+
+                record = json.loads(old.read_text()).get("mlflow", {})
+                client = MlflowClient(tracking_uri=record["tracking_uri"])
+                if client.get_run(record["run_id"]).info.status == "RUNNING":
+                    client.set_tag(record["run_id"], "vitsweep.superseded_by", self.run_id)
+                    client.set_terminated(record["run_id"], status="KILLED")
 
     def _experiment(self, tags: Mapping[str, Any]) -> str:
         name = self.experiment_name or tags.get("study_name") or DEFAULT_EXPERIMENT
@@ -207,6 +283,9 @@ class MLflowTracker:
         for k in SUMMARY_TAGS:
             v = summary.get(k)
             self.client.set_tag(self.run_id, k, json.dumps(v) if isinstance(v, bool) or v is None else str(v))
+        for k in FACT_TAGS:
+            if summary.get(k) is not None:
+                self.client.set_tag(self.run_id, k, str(summary[k]))
         if summary["stop_reason"] != "interrupted":  # a resumed run logs its final objective at a later step
             self.client.log_metric(self.run_id, "objective", float(summary["objective"]), step=int(summary["steps"]))
         status = "KILLED" if summary["stop_reason"] == "interrupted" else MLFLOW_STATUS[summary["status"]]

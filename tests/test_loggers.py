@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from src.trackers import chosen
 from src.trainer import train
@@ -188,3 +189,77 @@ def test_a_sweep_logs_each_trial_as_its_own_run(tmp_path, stack):
         acc = events(run_dir)
         assert same_curve([(e.step, e.value) for e in acc.Scalars("train_error")], rows, "train_error")
         assert (hparams(acc)["study_name"], hparams(acc)["trial_number"]) == ("s", number)
+
+
+def mlflow_runs(uri: str, experiment: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def test_a_retried_trial_renames_the_mlflow_run_it_continues_and_records_how_it_trained(tiny_cfg, tmp_path,
+                                                                                         monkeypatch):
+    """The sweeper's retry of an interrupted trial is a new trial number in the same run dir: the MLflow run it
+    continues was still named and tagged after the first trial (Optuna: trial 5 FAIL, trial 12 COMPLETE; MLflow:
+    only `trial-5`, holding trial 12's result). Its name and tags now follow, `vitsweep.trial_numbers` keeps both,
+    and the summary's resolved facts (precision, device) are tags."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.max_epochs=3",
+                   "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+    run_dir = tmp_path / "5"
+    env = {"VITSWEEP_TRIAL_STUDY": "s", "VITSWEEP_TRIAL_STORAGE": "sqlite:///unused.db"}
+    for k, v in {**env, "VITSWEEP_TRIAL_NUMBER": "5"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(2))
+    monkeypatch.setenv("VITSWEEP_TRIAL_NUMBER", "12")
+    summary = train(cfg, run_dir)
+    (run,) = mlflow_runs(uri, "s")
+    assert summary["trial_number"] == 12 and run.info.status == "FINISHED"
+    assert run.info.run_name == "trial-12" and run.data.tags["vitsweep.trial_number"] == "12"
+    assert run.data.tags["vitsweep.trial_numbers"] == "5,12"
+    assert run.data.tags["precision"] == "fp32" and run.data.tags["device"] == summary["device"]
+
+
+def test_a_copied_run_dir_resumes_into_an_mlflow_run_of_its_own_with_its_whole_curve(tiny_cfg, tmp_path, caplog):
+    """tracker.json keeps the store and run id: a run dir copied (to branch or extend a sweep) and resumed wrote its
+    continuation into the original's MLflow run. It gets its own run in its own default store, sent the rows it
+    kept, and the original's history is untouched."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = tiny_cfg("logger=mlflow", "scheduler=constant", "trainer.max_epochs=2", "trainer.checkpoint=true")
+    train(first, a)
+    import shutil
+
+    shutil.copytree(a, b)
+    longer = tiny_cfg("logger=mlflow", "scheduler=constant", "trainer.max_epochs=4", "trainer.checkpoint=true")
+    with caplog.at_level(logging.WARNING):
+        train(longer, b)
+    assert "copied or moved" in caplog.text
+    client_a = MlflowClient(tracking_uri=f"sqlite:///{a / 'mlflow.db'}")
+    assert [s for s, _ in history(client_a, run_id_of(a), "train_error")] == [r["step"] for r in rows_of(a)]
+    assert len(rows_of(a)) == 2
+    client_b = MlflowClient(tracking_uri=f"sqlite:///{b / 'mlflow.db'}")
+    assert run_id_of(b) != run_id_of(a)
+    assert same_curve(history(client_b, run_id_of(b), "train_error"), rows_of(b), "train_error")
+    assert len(rows_of(b)) == 4
+    assert client_b.get_run(run_id_of(b)).data.tags["vitsweep.run_dir"] == str(b.absolute())
+
+
+def test_a_start_that_died_before_its_first_checkpoint_leaves_no_mlflow_run_running(tiny_cfg, tmp_path):
+    """A start killed before any checkpoint (SIGKILL, out of memory) never ends its MLflow run; the next start moves
+    its files aside and begins a new one. The old run is ended KILLED, tagged with the run that replaced it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=2",
+                   "trainer.checkpoint=true", "trainer.checkpoint_every=2")
+    run_dir = tmp_path / "run"
+    from src.trackers import MLflowTracker
+
+    dead = MLflowTracker(tracking_uri=uri)
+    run_dir.mkdir()
+    # what a killed start leaves: tracker.json and a RUNNING run, no checkpoint
+    dead.start(run_dir, OmegaConf.to_container(cfg, resolve=True), 0, {})
+    (run_dir / "metrics.jsonl").write_text("")
+    train(cfg, run_dir)
+    client = MlflowClient(tracking_uri=uri)
+    old = client.get_run(dead.run_id)
+    assert old.info.status == "KILLED" and old.data.tags["vitsweep.superseded_by"] == run_id_of(run_dir)
+    assert client.get_run(run_id_of(run_dir)).info.status == "FINISHED"

@@ -251,3 +251,29 @@ def test_members_report_their_end_as_it_comes_and_a_failing_report_fails_no_memb
 
     again = train_members(cfgs, [tmp_path / f"n{k}" for k in range(2)], on_done=broken)
     assert [r["epochs"] for r in again] == [r["epochs"] for r in results] == [6, 3]
+
+
+def test_a_stop_in_one_stack_ends_the_tracker_runs_of_members_of_later_stacks(tmp_path, monkeypatch):
+    """Every member's trackers start before the first stack trains; a stop (RunInterrupted) in the first stack
+    closed only that stack's members, so the later stacks' MLflow runs showed RUNNING for ever."""
+    pytest.importorskip("mlflow", reason="pip install 'vitsweep[mlflow]'")
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from src.trainer import RunInterrupted
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfgs = [plain(*VIT, "logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=1",
+                  f"trainer.precision={p}") for p in ("bf16", "fp32")]  # two precisions: two stacks
+
+    def stopped(members, *args):
+        raise RunInterrupted(signal.SIGTERM, {})
+
+    monkeypatch.setattr(stacked, "run_members", stopped)
+    dirs = [tmp_path / "bf16", tmp_path / "fp32"]
+    with pytest.raises(RunInterrupted):
+        train_members(cfgs, dirs)
+    client = MlflowClient(tracking_uri=uri)
+    ids = [json.loads((d / "tracker.json").read_text())["mlflow"]["run_id"] for d in dirs]
+    assert [client.get_run(i).info.status for i in ids] == ["FAILED", "FAILED"]

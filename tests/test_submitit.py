@@ -168,3 +168,35 @@ def test_sigterm_to_the_sweep_cancels_its_jobs_and_the_same_command_resumes_them
     epochs = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [0, 1, 2, 3, 4] and json.loads((run_dir / "summary.json").read_text())["resumed_from_epoch"] >= 1
     assert len(counted(study)) == 2
+
+
+class _Done:
+    """A finished submitit job whose task returned ``ret`` (the fields `_result` reads)."""
+
+    def __init__(self, ret):
+        self.ret, self.job_id, self.state = ret, "123", "COMPLETED"
+        self.paths = type("Paths", (), {"stdout": "123_0_log.out"})()
+
+    def results(self):
+        return [self.ret]
+
+
+def test_a_time_out_that_submitit_did_not_requeue_is_a_job_that_died_and_is_retried():
+    """Past max_num_timeout submitit's time-out handler raises UncompletedJobError inside the task, and Hydra's
+    run_job returns it as a failed JobReturn, which submitit pickles as the job's result: the sweeper failed the trial
+    for good, where docs/slurm.md promises a retry from its checkpoint (reproduced with submitit_local,
+    timeout_min=1, max_num_timeout=0: `Done: {'FAIL': 1}; 0 retried`). It is a JobDied now; other failures stay."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from submitit.core.utils import UncompletedJobError
+
+    from hydra_plugins.vitsweep_sweeper._submitit import JobDied, SubmititBatches
+
+    def failed(exc):
+        ret = JobReturn()
+        ret.status, ret.return_value = JobStatus.FAILED, exc
+        return ret
+
+    timed_out = SubmititBatches._result(None, _Done(failed(UncompletedJobError("timed-out too many times"))), 7)
+    assert isinstance(timed_out._return_value, JobDied) and "time limit" in str(timed_out._return_value)
+    error = SubmititBatches._result(None, _Done(failed(ValueError("a bug in the task"))), 7)
+    assert isinstance(error._return_value, ValueError)  # the task's own error fails its trial, as before

@@ -117,11 +117,23 @@ class SubmititBatches:
 
     def _result(self, job: Any, n: int) -> JobReturn:
         try:
-            return job.results()[0]
+            ret = job.results()[0]
         except Exception as e:  # noqa: BLE001 - killed, preempted and not requeued, out of memory, node failure
-            why = (f"submitit job {job.job_id} (Hydra job #{n}) ended without a result (state {job.state}, "
-                   f"{type(e).__name__}); its output: {job.paths.stdout}")
-            ret = JobReturn()
-            ret.status = JobStatus.FAILED
-            ret.return_value = JobDied(why)
-            return ret
+            return _died(f"submitit job {job.job_id} (Hydra job #{n}) ended without a result (state {job.state}, "
+                         f"{type(e).__name__}); its output: {job.paths.stdout}")
+        from submitit.core.utils import UncompletedJobError
+
+        stopped = getattr(ret, "_return_value", None)  # a failed JobReturn raises its exception on .return_value
+        if ret.status == JobStatus.FAILED and isinstance(stopped, UncompletedJobError):
+            # submitit's time-out handler raised inside the task (a time-out beyond max_num_timeout, not requeued)
+            # and Hydra's run_job returned it as the job's failure: a job that died, to retry, not a failed trial
+            return _died(f"submitit job {job.job_id} (Hydra job #{n}) reached its time limit and was not requeued "
+                         f"({stopped}); its output: {job.paths.stdout}")
+        return ret
+
+
+def _died(why: str) -> JobReturn:
+    ret = JobReturn()
+    ret.status = JobStatus.FAILED
+    ret.return_value = JobDied(why)
+    return ret
