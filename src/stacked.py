@@ -24,8 +24,9 @@ import copy
 import logging
 import math
 import os
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,21 @@ def why_not_stackable(cfg: Mapping[str, Any]) -> str | None:
         return "trainer.precision=fp16 cannot stack (one GradScaler per run): use bf16 or fp32"
     if cfg["trainer"].get("compile"):
         return "trainer.compile=true cannot stack: the stacked step is eager"
-    nested = [k for k, v in cfg["model"].items() if isinstance(v, Mapping) and "_target_" in v]
+    nested = [k for k in _targets(cfg["model"], "model") if k != "model._target_"]
     if nested:  # e.g. a conv stem with BatchNorm, whose running statistics cannot stack
-        return (f"model.{nested[0]}._target_ builds a sub-module whose layers are not checked for stacking: "
+        return (f"{nested[0]} builds a sub-module whose layers are not checked for stacking: "
                 "use hydra.launcher.stack=never")
     return None
+
+
+def _targets(node: Any, path: str) -> Iterable[str]:
+    """The paths of every ``_target_`` key under ``node`` (dicts and lists, any depth)."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from [f"{path}.{k}"] if k == "_target_" else _targets(v, f"{path}.{k}")
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _targets(v, f"{path}[{i}]")
 
 
 def plan_groups(cfgs: Sequence[Mapping[str, Any]], max_members: int, strict: bool) -> list[list[int]]:
@@ -358,24 +369,24 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
     reporters = reporters or [None] * len(cfgs)
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
-    for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
-        try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
-            cfg = plain_config(cfg)
-            check_config(cfg)
-            run_dir = writable_run_dir(run_dir)
-            found, done = prepare_resume(cfg, run_dir)
-            if done is None:
-                state = resume(cfg, run_dir, found)
-                start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
-                if not already_stopped(state):
-                    states[k] = state
-                    continue
-                done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
-            results[k] = done
-            _report(on_done, k, done)
-        except Exception as e:  # this member fails alone
-            results[k] = e
     try:
+        for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
+            try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
+                cfg = plain_config(cfg)
+                check_config(cfg)
+                run_dir = writable_run_dir(run_dir)
+                found, done = prepare_resume(cfg, run_dir)
+                if done is None:
+                    state = resume(cfg, run_dir, found)
+                    start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
+                    if not already_stopped(state):
+                        states[k] = state
+                        continue
+                    done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
+                results[k] = done
+                _report(on_done, k, done)
+            except Exception as e:  # this member fails alone
+                results[k] = e
         for part in stack_parts(states):
             members = {k: states[k] for k in part}
             for s in members.values():  # what the member's summary records of how it trained
@@ -393,9 +404,16 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 for k, summary in results_by_member.items():
                     results[k] = summary
             finally:  # their summaries closed them; this closes them after an exception that came before one
-                for s in members.values():
-                    s.recorder.trackers.close()
-    finally:  # a stop (RunInterrupted) in one part leaves the later parts' members unstarted: their tracker runs
-        for s in states.values():  # end too (closing twice is a no-op)
-            s.recorder.trackers.close()
+                _close_trackers(members.values())
+    finally:  # a stop in a member's set-up or in one part leaves the other members' tracker runs open
+        _close_trackers(states.values())
     return results
+
+
+def _close_trackers(states: Iterable[RunState]) -> None:
+    """End the members' tracker runs (a no-op for those a summary ended): KILLED while a stop is in flight (the
+    members are handed back and resume), else FAILED. Called from ``finally`` clauses, where ``sys.exc_info``
+    holds the exception on its way out."""
+    stop = isinstance(sys.exc_info()[1], (RunInterrupted, KeyboardInterrupt))
+    for s in states:
+        s.recorder.trackers.close("KILLED" if stop else "FAILED")

@@ -137,7 +137,7 @@ class TensorBoardTracker:
                 self.writer.add_scalar(f"summary/{k}", float(summary[k]), step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, status: str = "FAILED") -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -210,28 +210,29 @@ class MLflowTracker:
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + PARAMS_PER_BATCH])
-        if run is None:
-            for row in kept_rows(run_dir, resume_step):  # a resumed run dir's new MLflow run: its curve so far
-                self.log_metrics(row)
+        for row in kept_rows(run_dir, resume_step):  # what the MLflow run lacks of the run's curve so far (a new
+            self.log_metrics(row)  # run on a resumed run dir, or MLflow dropped at an earlier start): steps it has skip
 
     def _reopen(self, record: Mapping[str, Any], here: str) -> Any:
         """The MLflow run ``tracker.json`` names, to continue; None where there is none, or where it belongs to
-        another run dir (this one was copied or moved: continuing would write into the original's run)."""
+        another run dir (this one was copied or moved: continuing would write into the original's run), or where
+        its local SQLite store is gone (moved with its folder). A store that cannot be reached raises: the tracker
+        is dropped for this start and ``tracker.json`` is kept for the next."""
         if not record.get("run_id"):
             return None
         from mlflow.tracking import MlflowClient
 
         uri = record.get("tracking_uri") or ""
-        try:
+        local = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else None
+        if local is not None and not Path(local).is_file():
+            owner = f"a store that is no longer there ({local})"
+        else:
             with _store_lock(uri):
                 self.client = MlflowClient(tracking_uri=uri)
             run = self.client.get_run(record["run_id"])
-        except Exception as e:  # noqa: BLE001 - a store that is gone or unreachable from here
-            run, owner = None, f"a store this run cannot reach ({type(e).__name__})"
-        else:
-            owner = run.data.tags.get("vitsweep.run_dir")
-        if run is not None and owner == here:
-            return run
+            owner = run.data.tags.get("vitsweep.run_dir") or ""
+            if owner and (owner == here or (Path(owner).exists() and os.path.samefile(owner, here))):  # any spelling
+                return run
         log.warning(f"logger=mlflow: {TRACKER_FILE} in {here} names MLflow run {record['run_id']} of {owner}, not "
                     "of this run dir (copied or moved): this run gets an MLflow run of its own, sent the rows "
                     "metrics.jsonl keeps, and the other run is left as it was")
@@ -292,9 +293,9 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, status=status)
         self.run_id = None
 
-    def close(self) -> None:
-        if self.run_id is not None:  # ended without a summary (an exception before one was written)
-            self.client.set_terminated(self.run_id, status="FAILED")
+    def close(self, status: str = "FAILED") -> None:
+        if self.run_id is not None:  # ended without a summary (an exception, or a stop, before one was written)
+            self.client.set_terminated(self.run_id, status=status)
             self.run_id = None
 
 
@@ -326,8 +327,9 @@ class Trackers:
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         self._each("log_summary", summary)
 
-    def close(self) -> None:
-        self._each("close")
+    def close(self, status: str = "FAILED") -> None:
+        """End the trackers; ``status``: what an MLflow run without a summary ends as (``KILLED``: a stop)."""
+        self._each("close", status)
         self.active = []
 
 

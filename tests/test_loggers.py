@@ -263,3 +263,49 @@ def test_a_start_that_died_before_its_first_checkpoint_leaves_no_mlflow_run_runn
     old = client.get_run(dead.run_id)
     assert old.info.status == "KILLED" and old.data.tags["vitsweep.superseded_by"] == run_id_of(run_dir)
     assert client.get_run(run_id_of(run_dir)).info.status == "FINISHED"
+
+
+def test_a_store_that_cannot_be_reached_on_resume_drops_the_tracker_and_keeps_its_record(tiny_cfg, tmp_path,
+                                                                                          caplog):
+    """An MLflow store that tracker.json names but that cannot be reached now (a server down) is no sign of a copied
+    run dir: the tracker is dropped for this start, with its warning, and tracker.json still names the run, for
+    the next start to continue (the first version of the copy rule opened a new run elsewhere and forgot it)."""
+    cfg = tiny_cfg("logger=mlflow", "scheduler=constant", "trainer.max_epochs=2", "trainer.checkpoint=true")
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir)
+    record = json.loads((run_dir / "tracker.json").read_text())
+    record["mlflow"]["tracking_uri"] = "http://127.0.0.1:9"  # nothing listens there
+    (run_dir / "tracker.json").write_text(json.dumps(record))
+    longer = tiny_cfg("logger=mlflow", "scheduler=constant", "trainer.max_epochs=3", "trainer.checkpoint=true")
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert train(longer, run_dir)["status"] == "completed"
+    finally:
+        del os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+    assert "logger=mlflow: start failed" in caplog.text and "copied or moved" not in caplog.text
+    assert json.loads((run_dir / "tracker.json").read_text()) == record
+
+
+def test_a_run_dir_reached_by_another_path_continues_its_mlflow_run_and_a_re_added_tracker_gets_the_gap(
+        tiny_cfg, tmp_path):
+    """The same run dir through a symlink is not a copy: the resume continues the same MLflow run. MLflow dropped at
+    one start and back at the next is sent the rows it missed, so its curve is metrics.jsonl's."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    real = tmp_path / "real"
+    (tmp_path / "link").symlink_to(tmp_path, target_is_directory=True)
+    via_link = tmp_path / "link" / "real"
+
+    def cfg(epochs: int, mlflow: bool = True):
+        logger = ["logger=mlflow", f"logger.mlflow.tracking_uri={uri}"] if mlflow else ["logger=none"]
+        return tiny_cfg(*logger, "scheduler=constant", f"trainer.max_epochs={epochs}", "trainer.checkpoint=true",
+                        "trainer.checkpoint_every=1")
+
+    train(cfg(1), real)
+    first = run_id_of(real)
+    train(cfg(2, mlflow=False), real)  # a start without MLflow
+    train(cfg(3), via_link)  # back, through the symlink
+    assert run_id_of(real) == first
+    client = MlflowClient(tracking_uri=uri)
+    assert len(mlflow_runs(uri, "vitsweep")) == 1
+    assert same_curve(history(client, first, "train_error"), rows_of(real), "train_error") and len(rows_of(real)) == 3

@@ -194,9 +194,11 @@ def test_a_time_out_that_submitit_did_not_requeue_is_a_job_that_died_and_is_retr
     def failed(exc):
         ret = JobReturn()
         ret.status, ret.return_value = JobStatus.FAILED, exc
+        ret.hydra_cfg, ret.working_dir = {"hydra": {"runtime": {"output_dir": "/sweep/7"}}}, "/sweep/7"
         return ret
 
     timed_out = SubmititBatches._result(None, _Done(failed(UncompletedJobError("timed-out too many times"))), 7)
-    assert isinstance(timed_out._return_value, JobDied) and "time limit" in str(timed_out._return_value)
+    assert isinstance(timed_out._return_value, JobDied) and "not requeued" in str(timed_out._return_value)
+    assert timed_out.working_dir == "/sweep/7" and timed_out.hydra_cfg is not None  # the trial keeps its run dir
     error = SubmititBatches._result(None, _Done(failed(ValueError("a bug in the task"))), 7)
     assert isinstance(error._return_value, ValueError)  # the task's own error fails its trial, as before

@@ -14,6 +14,7 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
   trials back, so no job keeps writing into a run dir that a retry will use.
 """
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -127,13 +128,15 @@ class SubmititBatches:
         if ret.status == JobStatus.FAILED and isinstance(stopped, UncompletedJobError):
             # submitit's time-out handler raised inside the task (a time-out beyond max_num_timeout, not requeued)
             # and Hydra's run_job returned it as the job's failure: a job that died, to retry, not a failed trial
-            return _died(f"submitit job {job.job_id} (Hydra job #{n}) reached its time limit and was not requeued "
-                         f"({stopped}); its output: {job.paths.stdout}")
+            return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
+                         f"({stopped}); its output: {job.paths.stdout}", ret)
         return ret
 
 
-def _died(why: str) -> JobReturn:
-    ret = JobReturn()
-    ret.status = JobStatus.FAILED
-    ret.return_value = JobDied(why)
-    return ret
+def _died(why: str, ret: JobReturn | None = None) -> JobReturn:
+    """A failed return whose value is ``JobDied(why)``; the job's own return's config, overrides and run dir are
+    kept where there is one (the sweeper records the trial's run dir from it)."""
+    died = copy.copy(ret) if ret is not None else JobReturn()
+    died.status = JobStatus.FAILED
+    died.return_value = JobDied(why)
+    return died
