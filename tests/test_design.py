@@ -381,6 +381,11 @@ def test_each_pilot_table_regenerates_from_its_committed_records_at_the_declared
     committed = (STUDIES / study / "analysis" / "pilot_plan.md").read_text()
     assert f"Published effect taken as {float(effect):.3f}." in committed
     assert out.read_text() == committed
+    # and `make reports`, which writes the committed plan, passes the same effect (its line had no --effect)
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    (line,) = [x for x in make.splitlines() if f"design plan $(S)/{study}/records/{dirs[0]} " in x]
+    given = re.search(r"--effect (\d*\.\d+)", line)
+    assert float(given.group(1) if given else "0.05") == float(effect), line
 
 
 def test_the_heads_depth_declared_analysis_regenerates_from_its_committed_records():

@@ -215,22 +215,26 @@ def test_declared_test_regenerates_the_committed_verdict_table(tmp_path, monkeyp
         run_script(monkeypatch, "attention/scripts/declared_test.py")
 
 
-def test_the_attention_reports_verdict_says_what_its_declared_test_prints():
-    """Each verdict word of the declared test's table (reproduced, inconclusive, not reproduced) is the report's
-    verdict row's, and no other: the table read "not reproduced" for layer 1 while the report said "inconclusive"."""
-    def words(text: str) -> set[str]:
-        text = text.lower()
-        found = {w for w in ("not reproduced", "inconclusive") if w in text}
-        return found | ({"reproduced"} if re.search(r"(?<!not )reproduced", text) else set())
+def verdict_of(text: str) -> str:
+    """The verdict a clause gives: its first verdict phrase (``not reproduced`` before ``reproduced``)."""
+    found = re.search(r"\b(not reproduced|inconclusive|reproduced)\b", text.lower())
+    assert found, text
+    return found.group(1)
 
+
+def test_the_attention_reports_verdict_says_what_its_declared_test_prints():
+    """Each place's verdict in the declared test's table is the verdict the report's verdict row gives that place
+    (rollout: the clause naming the rollout; layer 1: the clause naming the first layer): the table read
+    "not reproduced" for layer 1 while the report said "inconclusive"."""
     table = (STUDIES / "attention" / "analysis" / "seeds" / "declared_test.md").read_text()
-    verdicts = [line.split("|")[-2] for line in table.splitlines() if line.startswith("| layer") or
-                line.startswith("| rollout")]
+    printed = {line.split("|")[1].strip(): verdict_of(line.split("|")[-2]) for line in table.splitlines()
+               if line.startswith(("| layer", "| rollout"))}
     row = next(line for line in (STUDIES / "attention" / "report.md").read_text().splitlines()
                if line.startswith("| **Verdict (declared test"))
-    bold = re.search(r"\*\*(.+?)\*\*", row.split("|")[2]).group(1)
-    assert len(verdicts) == 2
-    assert set().union(*(words(v.split(";")[0]) for v in verdicts)) == words(bold)
+    clauses = re.search(r"\*\*(.+?)\*\*", row.split("|")[2]).group(1).split(";")
+    names = {"rollout": "rollout", "layer 1": "first layer"}
+    said = {place: verdict_of(next(c for c in clauses if names[place] in c)) for place in printed}
+    assert printed.keys() == names.keys() and printed == said
 
 
 # --- vit_vs_cnn -------------------------------------------------------------------------------------------------------
