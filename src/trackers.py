@@ -249,17 +249,16 @@ class MLflowTracker:
         if "trial_number" in tags and old.get("vitsweep.trial_number") != str(tags["trial_number"]):
             numbers = f"{numbers},{tags['trial_number']}" if numbers else str(tags["trial_number"])
             self.client.update_run(self.run_id, name=f"trial-{tags['trial_number']}")
-        if numbers:
-            self.client.set_tag(self.run_id, "vitsweep.trial_numbers", numbers)
+            self.client.set_tag(self.run_id, "vitsweep.trial_numbers", numbers)  # written only when a trial changes
 
     def _supersede(self, run_dir: Path) -> None:
         """End as KILLED the MLflow runs of earlier starts whose files were moved aside (``previous-*``; a start
         that died before its first checkpoint, or ``trainer.resume=never``) and that no process will end: they
         showed RUNNING for ever. Each is tagged with the run that replaced it."""
+        from mlflow.tracking import MlflowClient
+
         for old in sorted(run_dir.glob(f"previous-*/{TRACKER_FILE}")):
             with contextlib.suppress(Exception):  # best effort: the record is kept in any case
-                from mlflow.tracking import MlflowClient
-
                 record = json.loads(old.read_text()).get("mlflow", {})
                 client = MlflowClient(tracking_uri=record["tracking_uri"])
                 if client.get_run(record["run_id"]).info.status == "RUNNING":
