@@ -1,6 +1,8 @@
 """Shared fixtures: compose the real config through Hydra's compose API with small overrides."""
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 
@@ -36,8 +38,15 @@ def _test_cache_dir(tmp_path_factory):
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
+    """The default config with ``overrides``, composed once per session and handed out as a fresh copy (a test may
+    change its own)."""
+    return copy.deepcopy(_composed(tuple(overrides or ())))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides or [])
+        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.fixture

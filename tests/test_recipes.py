@@ -6,6 +6,7 @@ checks the key with that sweeper preset applied (``arch@cnn_w10``: the ``arch=cn
 """
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -34,11 +35,15 @@ ARM_KEYS = ("dataset.n_train", "optimizer.lr", "optimizer.weight_decay", "traine
 AUTO_CHOOSES = {"trainer.precision": {"fp32", "bf16"}}
 
 
+@functools.cache
 def compose_study(name: str, scale: str | None, extra: tuple[str, ...] = ()):
+    """The study's config at a scale, composed once per session (read-only: the tests share it)."""
     scaled = [f"+sweeps/scales/{name}={scale}"] if scale else []
     overrides = [f"hydra.searchpath=[file://{ROOT}]", f"+sweeps={name}", *scaled, *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 def table(name: str) -> list[tuple[str, str, str]]:
