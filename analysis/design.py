@@ -40,7 +40,10 @@ verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; 
 happened to finish first is printed but is not the declared test. Records that are not one grid are refused
 before any test (``one_recipe``): a curve whose runs trained on two devices, or at one width under two recipes (a
 config key other than the curve keys, width, seed and runtime keys), a (curve, width, seed) with two finished runs,
-finished runs outside the grid their study declared. The power figure's pilot sd is printed with its 95% interval,
+finished runs outside the grid their study declared. A finished run with no test or train error is named and makes
+the verdict inconclusive (``unscored``): it is not a seed to drop. Mixes the test does not refuse are named after
+its table: precisions (``precision_note``) and machines (``machine_note``: CPU or GPU models of one device type,
+from the summaries' ``machines``). The power figure's pilot sd is printed with its 95% interval,
 and each curve's own contrast sd beside it (an observation: the power was declared from the pilot's).
 
 A fixed-budget arm whose sweep trained only the runs the convergence rule ended early names the convergence arm's
@@ -353,7 +356,8 @@ def peak_contrast(c: pd.DataFrame, width: str, t: float) -> tuple[pd.DataFrame, 
     lo, hi = neighbours(sorted(c[width].unique()), t)
     if lo is None or hi is None:
         return pd.DataFrame(columns=["left", "right"], dtype=float), (lo, t, hi)
-    m = c.pivot_table(index=SEED, columns=width, values="test_error", aggfunc="mean")
+    m = c.pivot_table(index=SEED, columns=width, values="test_error", aggfunc="mean", dropna=False)
+    m = m.reindex(columns=sorted({*m.columns, lo, t, hi}))  # a width with no test error at all: NaN, not KeyError
     d = pd.DataFrame({"left": m[t] - m[lo], "right": m[t] - m[hi]})
     return d.dropna(), (lo, t, hi)
 
@@ -458,20 +462,33 @@ class PeakTest:
 
 
 def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
-            missing: str | None = None) -> str:
-    """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring."""
+            missing: str | None = None, unread: str | None = None, no_p: str | None = None) -> str:
+    """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring.
+    ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value."""
     if missing:
         return f"inconclusive (grid unfinished: {missing})"
+    if unread:
+        return f"inconclusive ({unread}: score it again or rerun it)"
     if flagged:
         return f"inconclusive ({flagged} collapsed or stalled runs at the tested widths)"
     if not np.isfinite(p):
-        return "inconclusive (no threshold with a neighbour on each side in the grid)"
+        return f"inconclusive ({no_p or 'no threshold with a neighbour on each side in the grid'})"
     if p < alpha and mean > 0:
         return "reproduced"
     if np.isfinite(detectable) and detectable <= effect:
         return "not reproduced"
     return (f"inconclusive (the design detects {detectable:.3f} and up, the published effect is taken as "
             f"{effect:.3f}: more seeds would settle it)")
+
+
+def unscored(c: pd.DataFrame, width: str) -> str | None:
+    """Finished runs with no test error or no train error (the threshold reads train errors at every width, the
+    contrast test errors), named; None if every finished run has both. Such a run is not a missing seed to drop."""
+    bad = c[c["test_error"].isna() | c["train_error"].isna()].sort_values([width, SEED])
+    if not len(bad):
+        return None
+    named = ", ".join(f"{width} {w:g} seed {x:g}" for w, x in zip(bad[width], bad[SEED], strict=True))
+    return f"{len(bad)} finished run{'s have' if len(bad) > 1 else ' has'} no test or train error ({named})"
 
 
 def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
@@ -494,13 +511,18 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
         k = len(d)
         p = np.nan
+        no_p = None
         if k >= 2 and (d.std() > 0).all():
             p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue)
                     for s in ("left", "right"))
+        elif lo is not None and hi is not None:
+            no_p = (f"{k} seed{'s have' if k != 1 else ' has'} the three tested widths: the paired t-test needs 2 or "
+                    "more" if k < 2 else "a contrast is the same in every seed: the paired t-test needs a spread; "
+                    "check that the seeds differ")
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
         detectable = mde(pilot_sd, k, alpha)
-        says = verdict(p, height, detectable, effect, flagged, alpha, missing)
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
                             own, detectable, effect, says))
@@ -597,24 +619,43 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
             + to_markdown(rows) + "\n")
 
 
-def precision_note(df: pd.DataFrame) -> str:
-    """A line naming each curve whose finished runs trained at more than one precision (``precision=auto`` times
-    its candidates on the machine at each start, so one grid can mix them; a pinned precision cannot), else ""."""
-    if "precision" not in df.columns or "status" not in df.columns:
+def mixed_note(df: pd.DataFrame, column: str, label, title: str) -> str:
+    """A line naming each curve whose finished runs hold more than one ``label`` of ``column``, with the counts and
+    the widths of all but the commonest, after ``title``; "" where every curve has one."""
+    if column not in df.columns or "status" not in df.columns:
         return ""
     done = df[df["status"] == "completed"]
+    done = done.assign(_label=done[column].map(label))
     keys = [*curve_keys(df), NOISE]
     mixed = []
     for key, c in done.groupby(keys, dropna=False, sort=True):
-        counts = c["precision"].fillna("unknown").value_counts()
+        counts = c["_label"].value_counts()
         if len(counts) > 1:
             where = curve_name(keys, key)
-            by_width = (c[c["precision"] != counts.index[0]].groupby(width_column(df))["precision"].size())
+            by_width = c[c["_label"] != counts.index[0]].groupby(width_column(df))["_label"].size()
             mixed.append(f"{where}: " + ", ".join(f"{n} {p}" for p, n in counts.items())
                          + " (the fewer at " + ", ".join(f"{w:g}" for w in by_width.index) + ")")
-    if not mixed:
-        return ""
-    return ("\nMixed precisions among the finished runs (the test treats them alike): " + "; ".join(mixed) + ".\n")
+    return f"\n{title}: " + "; ".join(mixed) + ".\n" if mixed else ""
+
+
+def precision_note(df: pd.DataFrame) -> str:
+    """Each curve whose finished runs trained at more than one precision (``precision=auto`` times its candidates
+    on the machine at each start, so one grid can mix them; a pinned precision cannot), else ""."""
+    return mixed_note(df, "precision", lambda v: "unknown" if pd.isna(v) else v,
+                      "Mixed precisions among the finished runs (the test treats them alike)")
+
+
+def machine_note(df: pd.DataFrame) -> str:
+    """Each curve whose finished runs trained on more than one machine (the summary's ``machines``: every machine
+    a run trained on, in order), else "". Not refused as two devices are: a run on another CPU model is still a
+    run of the recipe, but not a bitwise copy, and where the machines split by width their effect is confounded
+    with the width's."""
+    def label(v) -> str:
+        return " then ".join(v) if isinstance(v, (list, tuple)) and len(v) else "not recorded"
+    return mixed_note(df, "machines", label,
+                      "Finished runs of one curve on more than one machine (noted, not refused: each is a run of the "
+                      "recipe, but a machine effect would be confounded with the widths named; \"not recorded\": "
+                      "the run started before summaries named their machine)")
 
 
 def curves_markdown(df: pd.DataFrame) -> str:
@@ -675,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
-        text += precision_note(main_runs)
+        text += precision_note(main_runs) + machine_note(main_runs)
         if a.curves:
             text += curves_markdown(main_runs)
     print(text)

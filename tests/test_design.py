@@ -167,6 +167,59 @@ def test_an_unfinished_grid_gives_no_verdict_but_inconclusive_naming_what_is_mis
     assert test.verdict == "inconclusive (grid unfinished: 35 of 36 runs finished, 1 failed)"
 
 
+def test_a_finished_run_without_a_score_makes_the_verdict_inconclusive_instead_of_losing_its_seed(tmp_path):
+    """Review finding: the contrast table skipped a finished run with no test error, so its seed left the pairing
+    unnoticed (a 4-seed grid read "reproduced" on 3); with no test error at the whole critical width the test raised
+    KeyError. A finished run the test cannot read is named, and the verdict waits for it."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
+    one = df.copy()
+    one.loc[(one["model.width"] == 6) & (one["seed"] == 3), "test_error"] = np.nan
+    (test,) = design.peak_tests(one, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == ("inconclusive (1 finished run has no test or train error (model.width 6 seed 3): "
+                            "score it again or rerun it)")
+    whole = df.copy()
+    whole.loc[whole["model.width"] == 6, "test_error"] = np.nan
+    (test,) = design.peak_tests(whole, pilot_sd=0.015, effect=0.05)
+    assert test.verdict.startswith("inconclusive (4 finished runs have no test or train error (model.width 6 seed 0")
+    train = df.copy()  # a train error decides the threshold, at any width
+    train.loc[(train["model.width"] == 32) & (train["seed"] == 0), "train_error"] = np.nan
+    (test,) = design.peak_tests(train, pilot_sd=0.015, effect=0.05)
+    assert test.verdict.startswith("inconclusive (1 finished run has no test or train error (model.width 32 seed 0")
+
+
+def test_an_inconclusive_verdict_without_a_p_value_says_why(tmp_path):
+    """Review finding: with one seed, or a contrast equal in every seed, the t-test has no p value, and the verdict
+    said "no threshold with a neighbour on each side in the grid" though the grid had both."""
+    one = load_runs(write_pilot(tmp_path / "one", seeds=(0,), lrs=(0.02,), sizes=(8192,)))
+    (test,) = design.peak_tests(one, pilot_sd=0.015, effect=0.05)
+    assert (test.left, test.right) == (3.0, 12.0)
+    assert test.verdict == "inconclusive (1 seed has the three tested widths: the paired t-test needs 2 or more)"
+    same = load_runs(write_pilot(tmp_path / "same", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.0))
+    (test,) = design.peak_tests(same, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == ("inconclusive (a contrast is the same in every seed: the paired t-test needs a spread; "
+                            "check that the seeds differ)")
+    edge = one[one["model.width"] >= 4]  # threshold 8, critical 6: no left neighbour at most 3
+    (test,) = design.peak_tests(edge, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "inconclusive (no threshold with a neighbour on each side in the grid)"
+
+
+def test_the_test_names_a_curve_whose_runs_trained_on_more_than_one_machine(tmp_path):
+    """Review finding: the device check tells CPU from GPU only. The MNIST CNN's fixed-budget arm pairs C1 1-6 trained
+    on one CPU model with C1 8-16 on another, and the ViT CPU grid mixes two CPU models in every width; neither was
+    said. Runs of one recipe on two machines are still samples of it (not refused), but the output names the mix
+    and the widths it falls on, where a machine effect would be confounded with width."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1), lrs=(0.02,), sizes=(8192,)), optuna_state=False)
+    assert design.machine_note(df.assign(machines=[("cpu A",)] * len(df))) == ""
+    mixed = df.assign(machines=[("cpu B",) if w >= 8 else None for w in df["model.width"]])
+    mixed.loc[(mixed["model.width"] == 32) & (mixed["seed"] == 1), "machines"] = pd.Series(
+        [("cpu B", "cpu A")], index=mixed.index[(mixed["model.width"] == 32) & (mixed["seed"] == 1)])
+    note = design.machine_note(mixed)
+    assert note == ("\nFinished runs of one curve on more than one machine (noted, not refused: each is a run of the "
+                    "recipe, but a machine effect would be confounded with the widths named; \"not recorded\": the "
+                    "run started before summaries named their machine): label_noise.p=0.2: 10 not recorded, "
+                    "7 cpu B, 1 cpu B then cpu A (the fewer at 8, 12, 16, 32).\n")
+
+
 def test_the_grid_a_sweep_declared_counts_seeds_and_widths_that_never_started(tmp_path):
     """A seed (or width) no run dir holds yet is missing too: the sweeper's study records its grid."""
     import optuna
