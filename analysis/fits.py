@@ -229,17 +229,19 @@ def _offset_fit(sizes, means, boot, p0, label) -> dict:
 
 
 def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[str] | str | None = None,
-                       tol: float = 0.01, train: str = "train_error") -> tuple[pd.DataFrame, pd.DataFrame]:
+                       tol: float = 0.01, train: str = "train_error",
+                       seed_col: str | None = "seed") -> tuple[pd.DataFrame, pd.DataFrame]:
     """The declared fit-range rule of a learning curve: the paper fits "in the overfitting regime" (004, 4.2), the
     regime where the model interpolates its training set (4.1). A size enters a group's fit only when every run of
     the group at that size completed with a train error at most ``tol`` and none is flagged stalled or collapsed (a
     run with no train error, or one that did not complete, cannot show that its seed interpolated: it fails the
-    size); the range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would
-    mix regimes).
+    size; so does a seed of the group, one of those ``seed_col`` holds at any of its sizes, with no run at the size);
+    the range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would mix
+    regimes).
 
     Reads train errors only, never the test error being fitted. Returns (the rows inside the range, one row per
     (group, size) with ``runs``, ``max_train_error``, ``flagged``, ``unfit`` (runs with no train error or not
-    completed) and ``in_range``)."""
+    completed), ``missing_seeds`` and ``in_range``)."""
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, train, *by)
     flagged = pd.Series(False, index=df.index)
@@ -254,7 +256,15 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
     table = (d.groupby(keys, dropna=False)
              .agg(runs=(train, "size"), max_train_error=(train, "max"), flagged=("_flag", "sum"),
                   unfit=("_unfit", "sum")).reset_index())
-    table["passes"] = (table["max_train_error"] <= tol) & (table["flagged"] == 0) & (table["unfit"] == 0)
+    table["missing_seeds"] = 0
+    if seed_col and seed_col in df.columns:
+        present = d.groupby(keys, dropna=False)[seed_col].nunique().to_numpy()
+        expected = (d.groupby(by, dropna=False)[seed_col].nunique() if by else pd.Series([d[seed_col].nunique()]))
+        own = (table.merge(expected.rename("_expected").reset_index(), on=by, how="left")["_expected"] if by
+               else pd.Series(expected.iloc[0], index=table.index))
+        table["missing_seeds"] = own.to_numpy() - present
+    table["passes"] = ((table["max_train_error"] <= tol) & (table["flagged"] == 0) & (table["unfit"] == 0)
+                       & (table["missing_seeds"] == 0))
     table["in_range"] = False
     for _, g in table.groupby(by, dropna=False) if by else [((), table)]:
         for i in g.sort_values(x, ascending=False).index:
@@ -313,14 +323,18 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
 
 def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "dataset.n_train",
                      y: str = "test_error", seed_col: str = "seed", level: float = 0.95,
-                     status: str | None = "completed") -> dict:
-    """alpha(a) - alpha(b) for two groups of column ``by`` (e.g. two architectures), with a Welch t-interval.
+                     status: str | None = "completed", paired: bool = False) -> dict:
+    """alpha(a) - alpha(b) for two groups of column ``by`` (e.g. two architectures), with a Welch t-interval, or
+    with ``paired`` the t-interval of the per-seed differences.
 
     Each seed with a run at every size the two groups share gives one log-log slope per group (as in
-    :func:`seed_slope_interval`); the difference of the two groups' mean slopes gets Welch's t-interval
-    (unequal variances; seeds of different groups are independent runs, never paired). A negative difference
-    whose interval excludes 0 says ``a``'s learning curve is steeper. Returns ``diff``, ``lo``, ``hi``,
-    ``p`` (two-sided), the mean slopes ``alpha_a``, ``alpha_b``, the seeds used ``n_a``, ``n_b`` and ``sizes``."""
+    :func:`seed_slope_interval`); the difference of the two groups' mean slopes gets Welch's t-interval (unequal
+    variances, the seeds of the two groups taken as independent). A seed is not independent across groups in this
+    framework: it draws the same training subset at a size for every model (``src.data.stratified_subset``) and
+    the test set is shared, so the slopes of one seed may correlate; ``paired=True`` uses the seeds both groups
+    have and tests their slope differences (one-sample t). A negative difference whose interval excludes 0 says
+    ``a``'s learning curve is steeper. Returns ``diff``, ``lo``, ``hi``, ``p`` (two-sided), the mean slopes
+    ``alpha_a``, ``alpha_b``, the seeds used ``n_a``, ``n_b`` and ``sizes``."""
     require_columns(df, by, x, y, seed_col)
     df = completed_only(df, "slope_difference", status).dropna(subset=[x, y])
     tables = {}
@@ -333,14 +347,19 @@ def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "
     if len(sizes) < 3:
         raise ValueError(f"slope_difference: {by} = {a!r} and {b!r} share {len(sizes)} sizes of {x} ({sizes}); "
                          "a slope needs >= 3")
+    complete = {name: table[sizes].dropna() for name, table in tables.items()}
+    if paired:
+        both = complete[a].index.intersection(complete[b].index)
+        complete = {name: c.loc[both] for name, c in complete.items()}
     slopes = {}
-    for name, table in tables.items():
-        complete = table[sizes].dropna()
-        if len(complete) < 2:
-            raise ValueError(f"slope_difference: {by} = {name!r} has {len(complete)} seeds with a run at every "
-                             f"shared size {sizes}; an interval needs >= 2")
-        slopes[name] = _loglog_lines(np.log(np.asarray(sizes, float)), complete.to_numpy())[0]
-    test = stats.ttest_ind(slopes[a], slopes[b], equal_var=False)
+    for name, c in complete.items():
+        if len(c) < 2:
+            raise ValueError(f"slope_difference: {by} = {name!r} has {len(c)} seeds with a run at every "
+                             f"shared size {sizes}{' (seeds both groups have)' if paired else ''}; an interval "
+                             "needs >= 2")
+        slopes[name] = _loglog_lines(np.log(np.asarray(sizes, float)), c.to_numpy())[0]
+    test = (stats.ttest_1samp(slopes[a] - slopes[b], 0.0) if paired
+            else stats.ttest_ind(slopes[a], slopes[b], equal_var=False))
     ci = test.confidence_interval(level)
     return {"diff": float(slopes[a].mean() - slopes[b].mean()), "lo": float(ci.low), "hi": float(ci.high),
             "p": float(test.pvalue), "alpha_a": float(slopes[a].mean()), "alpha_b": float(slopes[b].mean()),

@@ -98,6 +98,31 @@ def test_slope_difference_covers_a_planted_difference_and_finds_it():
     assert np.mean(found) >= 0.9
 
 
+def test_slope_difference_pairs_seeds_when_asked_since_a_seed_draws_the_same_subset_for_every_architecture():
+    """Review finding: the docstring called the two groups' seeds independent, but a seed draws the same training
+    subset at a size for every architecture (src.data.stratified_subset(labels, n_train, seed)) and the test set is
+    shared, so slopes of one seed may correlate. ``paired=True`` tests the per-seed differences: with a shared
+    per-seed effect planted, the paired interval is the narrower, and it is the one-sample t-interval of the
+    differences."""
+    from scipy import stats
+
+    n, base = simulate(1, 4, 6, 0.05, alpha=-0.5, rng=31)
+    tilt = np.array([-0.15, 0.1, -0.05, 0.12])[:, None] * (np.log(n) - np.log(n).mean())  # per seed, both archs
+    a = base[0] * np.exp(tilt - 0.1 * np.log(n / n[0]))  # a: steeper by 0.1, sharing each seed's tilt
+    b = base[0] * np.exp(tilt) * np.exp(np.random.default_rng(32).normal(0, 0.01, base[0].shape))
+    df = pd.concat([runs_frame(n, a).assign(arch="a"), runs_frame(n, b).assign(arch="b")])
+    welch = slope_difference(df, "arch", "a", "b")
+    paired = slope_difference(df, "arch", "a", "b", paired=True)
+    assert paired["diff"] == pytest.approx(welch["diff"]) and paired["n_a"] == paired["n_b"] == 4
+    assert paired["hi"] - paired["lo"] < (welch["hi"] - welch["lo"]) / 3
+    assert paired["hi"] < 0 < welch["hi"]  # the shared tilt hides the difference from Welch, not from the pairs
+    x = np.log(n)
+    slope = {k: np.array([np.polyfit(x, np.log(df[(df.arch == k) & (df.seed == s)].sort_values(
+        "dataset.n_train")["test_error"]), 1)[0] for s in range(4)]) for k in ("a", "b")}
+    ci = stats.ttest_1samp(slope["a"] - slope["b"], 0.0).confidence_interval(0.95)
+    assert (paired["lo"], paired["hi"]) == pytest.approx((ci.low, ci.high))
+
+
 def test_slope_difference_names_a_missing_group_or_too_few_seeds():
     n, err = simulate(1, 4, 5, 0.05)
     df = runs_frame(n, err[0]).assign(arch="h1_d1")

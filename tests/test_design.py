@@ -413,6 +413,20 @@ def test_a_size_with_a_run_that_has_no_final_train_error_or_did_not_complete_is_
         assert not table.set_index("dataset.n_train").loc[512, "in_range"], bad
 
 
+def test_a_size_where_a_seed_has_no_run_at_all_is_outside_the_fit_range():
+    """Review finding: "every seed there interpolated" counted the runs a size had, never the seeds it should
+    have: a size holding seed 0 alone passed. The group's seeds are those it has at any size."""
+    from analysis.fits import overfitting_regime
+
+    rows = pd.DataFrame([{"arch": "a", "dataset.n_train": n, "seed": s, "train_error": 0.0, "test_error": 0.1,
+                          "status": "completed"} for n in (128, 256, 512, 1024) for s in range(4)
+                         if n != 128 or s == 0])
+    kept, table = overfitting_regime(rows, by="arch")
+    assert sorted(kept["dataset.n_train"].unique()) == [256, 512, 1024]
+    row = table.set_index("dataset.n_train").loc[128]
+    assert not row["in_range"] and row["missing_seeds"] == 3
+
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "docs" / "studies"
 
