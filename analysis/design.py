@@ -222,7 +222,8 @@ def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] |
 def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict]) -> None:
     """Refuse what would make the declared test read something other than one study's grid: a curve whose finished
     runs trained on more than one device, or at one width under more than one value of a config key (another
-    data file, model or optimizer setting: another recipe; runtime keys aside); a (curve, width, seed) with two
+    data file, model or optimizer setting: another recipe; runtime keys aside), or whose widths differ in a key
+    outside ``model.*`` (a model key may follow the width); a (curve, width, seed) with two
     finished runs (they would be averaged into one seed's value); finished runs outside the grid their study
     declared (extra seeds would join the test and its power unnoticed)."""
     done = df[df["status"] == "completed"]
@@ -239,6 +240,11 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
             problems.append(f"{where}: runs of one width differ in " + "; ".join(
                 f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in mixed)
                 + " (another recipe: pass one study's sweep dirs)")
+        along = [k for k in fixed if k not in mixed and not k.startswith("model.") and c[k].map(_norm).nunique() > 1]
+        if along:  # a model key may follow the width (a ViT's MLP size); any other is the recipe's
+            problems.append(f"{where}: its widths differ in " + "; ".join(
+                f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in along)
+                + " (a curve stitched from two recipes: pass one study's sweep dirs)")
     ids = [*keys, width, SEED]
     twice = done[done.duplicated(ids, keep=False)]
     if len(twice):

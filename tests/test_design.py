@@ -265,6 +265,25 @@ def test_the_test_refuses_runs_of_two_devices_or_recipes_in_one_curve(tmp_path):
         design.peak_tests(load_runs([tmp_path / "cpu", other]), pilot_sd=0.015, effect=0.05)
 
 
+def test_the_test_refuses_a_curve_whose_widths_trained_under_different_recipes(tmp_path):
+    """Review finding: the recipe check compared runs within one width only, so a curve stitched from two studies
+    (momentum 0.9 at the narrow widths, 0 at the wide ones) read "reproduced". A key outside the model's (which
+    may follow the width, as a ViT's MLP size does) must hold one value along the whole curve."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,))
+    for config in root.glob("*/.hydra/config.yaml"):
+        text = config.read_text()
+        wide = any(f"width: {w}\n" in text for w in (8, 12, 16, 32))
+        config.write_text(text.replace("optimizer:\n", f"optimizer:\n  momentum: {0.0 if wide else 0.9}\n"))
+    df = load_runs(root)
+    assert set(df["optimizer.momentum"]) == {0.0, 0.9}
+    with pytest.raises(ValueError, match=r"widths differ in optimizer\.momentum"):
+        design.peak_tests(df, pilot_sd=0.015, effect=0.05)
+    mlp = load_runs(write_pilot(tmp_path / "b", seeds=(0, 1), lrs=(0.02,), sizes=(8192,)))
+    mlp["model.mlp_dim"] = 2 * mlp["model.width"]  # a model key that follows the width is the grid's own
+    mlp.attrs["config_columns"] = [*mlp.attrs["config_columns"], "model.mlp_dim"]
+    design.peak_tests(mlp, pilot_sd=0.015, effect=0.05)
+
+
 def test_the_test_refuses_a_run_given_twice_and_runs_outside_the_declared_grid(tmp_path):
     """Review finding: two finished runs of one (curve, width, seed) were averaged into one seed's value, and seeds
     outside the grid the study declared joined the test (and its power) unnoticed."""
