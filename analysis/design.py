@@ -39,7 +39,8 @@ widths x seeds its sweep declared, read from the study's storage, else those its
 verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; the contrast on the seeds that
 happened to finish first is printed but is not the declared test. Records that are not one grid are refused
 before any test (``one_recipe``): a curve whose runs trained on two devices, or at one width under two recipes (a
-config key other than the curve keys, width, seed and runtime keys), a (curve, width, seed) with two finished runs,
+config key other than the curve keys, width, seed and runtime keys), or whose widths differ in such a key (a model
+key that takes a different value at each width, a ViT's MLP size, aside), a (curve, width, seed) with two finished runs,
 finished runs outside the grid their study declared. A finished run with no test or train error is named and makes
 the verdict inconclusive (``unscored``): it is not a seed to drop. Mixes the test does not refuse are named after
 its table: precisions (``precision_note``) and machines (``machine_note``: CPU or GPU models of one device type,
@@ -223,9 +224,9 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
     """Refuse what would make the declared test read something other than one study's grid: a curve whose finished
     runs trained on more than one device, or at one width under more than one value of a config key (another
     data file, model or optimizer setting: another recipe; runtime keys aside), or whose widths differ in a key
-    outside ``model.*`` (a model key may follow the width); a (curve, width, seed) with two
-    finished runs (they would be averaged into one seed's value); finished runs outside the grid their study
-    declared (extra seeds would join the test and its power unnoticed)."""
+    other than a model key that takes a different value at each width (``follows``: a ViT's MLP size); a (curve,
+    width, seed) with two finished runs (they would be averaged into one seed's value); finished runs outside the
+    grid their study declared (extra seeds would join the test and its power unnoticed)."""
     done = df[df["status"] == "completed"]
     keys = [*curve_keys(df), NOISE]
     fixed = recipe_keys(done, {*keys, width, SEED})
@@ -240,8 +241,9 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
             problems.append(f"{where}: runs of one width differ in " + "; ".join(
                 f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in mixed)
                 + " (another recipe: pass one study's sweep dirs)")
-        along = [k for k in fixed if k not in mixed and not k.startswith("model.") and c[k].map(_norm).nunique() > 1]
-        if along:  # a model key may follow the width (a ViT's MLP size); any other is the recipe's
+        along = [k for k in fixed if k not in mixed and c[k].map(_norm).nunique() > 1
+                 and not (k.startswith("model.") and follows(c, k, width))]
+        if along:  # a model key may follow the width one-to-one (a ViT's MLP size); any other is the recipe's
             problems.append(f"{where}: its widths differ in " + "; ".join(
                 f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in along)
                 + " (a curve stitched from two recipes: pass one study's sweep dirs)")
@@ -266,6 +268,13 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
     if problems:
         raise ValueError("the declared test reads one recipe's grid on one device, each run once: "
                          + "; ".join(problems))
+
+
+def follows(c: pd.DataFrame, key: str, width: str) -> bool:
+    """Whether ``key`` takes a different value at each width of the curve (a size that follows the width, as a ViT's
+    MLP size does), not two recipes' values split between its widths."""
+    per_width = c.groupby(width)[key].agg(lambda v: v.map(_norm).iloc[0])
+    return per_width.nunique() == len(per_width)
 
 
 def threshold(c: pd.DataFrame, width: str, tol: float) -> float:

@@ -267,8 +267,8 @@ def test_the_test_refuses_runs_of_two_devices_or_recipes_in_one_curve(tmp_path):
 
 def test_the_test_refuses_a_curve_whose_widths_trained_under_different_recipes(tmp_path):
     """Review finding: the recipe check compared runs within one width only, so a curve stitched from two studies
-    (momentum 0.9 at the narrow widths, 0 at the wide ones) read "reproduced". A key outside the model's (which
-    may follow the width, as a ViT's MLP size does) must hold one value along the whole curve."""
+    (momentum 0.9 at the narrow widths, 0 at the wide ones) read "reproduced". A key must hold one value along the
+    whole curve, unless it is a model key with a different value at each width (a ViT's MLP size follows its dim)."""
     root = write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,))
     for config in root.glob("*/.hydra/config.yaml"):
         text = config.read_text()
@@ -282,6 +282,10 @@ def test_the_test_refuses_a_curve_whose_widths_trained_under_different_recipes(t
     mlp["model.mlp_dim"] = 2 * mlp["model.width"]  # a model key that follows the width is the grid's own
     mlp.attrs["config_columns"] = [*mlp.attrs["config_columns"], "model.mlp_dim"]
     design.peak_tests(mlp, pilot_sd=0.015, effect=0.05)
+    mlp["model.dropout"] = np.where(mlp["model.width"] >= 8, 0.0, 0.1)  # but two models' values split by width: no
+    mlp.attrs["config_columns"] = [*mlp.attrs["config_columns"], "model.dropout"]
+    with pytest.raises(ValueError, match=r"widths differ in model\.dropout"):
+        design.peak_tests(mlp, pilot_sd=0.015, effect=0.05)
 
 
 def test_the_test_refuses_a_run_given_twice_and_runs_outside_the_declared_grid(tmp_path):

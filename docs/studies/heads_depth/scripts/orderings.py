@@ -7,12 +7,14 @@
 
 The second form applies the declared fit-range rule (issue 26; ``analysis.fits.overfitting_regime``: a size enters
 an architecture's fit only when every seed there interpolated its training set, train error <= 1%, none stalled)
-and writes ``declared.md``: the range per architecture, alpha per architecture and the slope orderings on it.
+and writes ``declared.md``: the range per architecture, alpha per architecture, and the slope orderings (Welch, as
+declared, and paired by seed beside it: a seed draws the same training subset for every architecture) and the error
+orderings on it.
 
 Writes ``tables/alpha_by_arch.csv`` (alpha per architecture, 95% t-interval over per-seed slopes),
 ``tables/error_by_arch.csv`` (test error per architecture and size over seeds) and ``tables/orderings.csv`` (each
-ordering: a slope difference with its Welch 95% interval, or an error comparison per size, on the runs that did
-not stall at chance), and prints them as Markdown. alpha is given with and without the stalled runs.
+ordering: a slope difference with its Welch 95% interval and the seeds paired, or an error comparison per size, on
+the runs that did not stall at chance), and prints them as Markdown. alpha is given with and without the stalled runs.
 Architectures are named as the sweep's ``arch`` presets, from the run configs (``h<heads>_d<depth>`` for the
 ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering that lacks the seeds it
 needs says so instead of a number.
@@ -118,14 +120,17 @@ def slope_rows(runs: pd.DataFrame) -> pd.DataFrame:
             rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})", "result": f"n/a: {e}", "holds": "",
                          "paired by seed (sensitivity)": ""})
             continue
-        p = slope_difference(runs, "arch", a, b, paired=True)
+        try:
+            p = slope_difference(runs, "arch", a, b, paired=True)
+            paired = f"{p['diff']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}], {p['n_a']} seeds: {holds(p)}"
+        except ValueError as e:  # the two groups' complete seeds may differ
+            paired = f"n/a: {e}"
         rows.append({"ordering": what, "test": f"alpha({a}) - alpha({b})",
                      "result": f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] ({d['alpha_a']:.3f} vs "
                                f"{d['alpha_b']:.3f}; {d['n_a']} and {d['n_b']} seeds, "
                                f"n {d['sizes'][0]}..{d['sizes'][-1]})",
                      "holds": holds(d),
-                     "paired by seed (sensitivity)": f"{p['diff']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}], "
-                                                     f"{p['n_a']} seeds: {holds(p)}"})
+                     "paired by seed (sensitivity)": paired})
     return pd.DataFrame(rows)
 
 
