@@ -257,12 +257,11 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
              .agg(runs=(train, "size"), max_train_error=(train, "max"), flagged=("_flag", "sum"),
                   unfit=("_unfit", "sum")).reset_index())
     table["missing_seeds"] = 0
-    if seed_col and seed_col in df.columns:
-        present = d.groupby(keys, dropna=False)[seed_col].nunique().to_numpy()
-        expected = (d.groupby(by, dropna=False)[seed_col].nunique() if by else pd.Series([d[seed_col].nunique()]))
-        own = (table.merge(expected.rename("_expected").reset_index(), on=by, how="left")["_expected"] if by
-               else pd.Series(expected.iloc[0], index=table.index))
-        table["missing_seeds"] = own.to_numpy() - present
+    if seed_col and seed_col in df.columns:  # the group's seeds (at any size) minus those the size holds
+        expected = d.groupby(by, dropna=False)[seed_col].transform("nunique") if by else d[seed_col].nunique()
+        seeds = d.assign(_expected=expected).groupby(keys, dropna=False).agg(
+            present=(seed_col, "nunique"), expected=("_expected", "max"))
+        table["missing_seeds"] = (seeds["expected"] - seeds["present"]).to_numpy()
     table["passes"] = ((table["max_train_error"] <= tol) & (table["flagged"] == 0) & (table["unfit"] == 0)
                        & (table["missing_seeds"] == 0))
     table["in_range"] = False
