@@ -670,7 +670,7 @@ def machine_note(df: pd.DataFrame) -> str:
     return mixed_note(df, "machines", label,
                       "Finished runs of one curve on more than one machine (noted, not refused: each is a run of the "
                       "recipe, but a machine effect would be confounded with the widths named; \"not recorded\": "
-                      "the run started before summaries named their machine)")
+                      "the run, or its part before a resume, trained before summaries named their machine)")
 
 
 def curves_markdown(df: pd.DataFrame) -> str:

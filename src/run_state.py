@@ -298,7 +298,8 @@ class RunState:
         if state.get("attention") and state["attention"] != self.info.get("attention"):  # auto chose otherwise now
             self.info["attention"] = state["attention"]
             self.model.set_attention_path(state["attention"])
-        before = list(state.get("machines") or [])  # a checkpoint written before machines were recorded: none
+        # a checkpoint written before machines were recorded (2026-11-27) trained on a machine nobody named
+        before = list(state["machines"]) if "machines" in state else ["not recorded"]
         self.info["machines"] = before + [m for m in self.info["machines"] if m not in before]
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))

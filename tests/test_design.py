@@ -216,7 +216,8 @@ def test_the_test_names_a_curve_whose_runs_trained_on_more_than_one_machine(tmp_
     note = design.machine_note(mixed)
     assert note == ("\nFinished runs of one curve on more than one machine (noted, not refused: each is a run of the "
                     "recipe, but a machine effect would be confounded with the widths named; \"not recorded\": the "
-                    "run started before summaries named their machine): label_noise.p=0.2: 10 not recorded, "
+                    "run, or its part before a resume, trained before summaries named their machine): "
+                    "label_noise.p=0.2: 10 not recorded, "
                     "7 cpu B, 1 cpu B then cpu A (the fewer at 8, 12, 16, 32).\n")
 
 

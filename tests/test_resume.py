@@ -452,6 +452,24 @@ def test_a_summary_names_every_machine_its_run_trained_on(tiny_cfg, tmp_path):
     assert summary_of(tmp_path)["machines"] == resumed["machines"]
 
 
+def test_a_run_resumed_from_a_checkpoint_that_names_no_machine_says_so(tiny_cfg, tmp_path):
+    """Found on 2026-11-28: the ViT grid's 37 runs that trained 70-80% of their epochs on lent H100s (checkpoints of
+    2026-11-27, before checkpoints named their machine) and finished on an H200 had summaries naming the H200 alone,
+    so the study's machine note counted them as H200 runs. The part trained on an unnamed machine is "not recorded"."""
+    from src.checkpoint import load_checkpoint, save_checkpoint
+    from src.run_state import machine_name
+
+    over = ["trainer.checkpoint=true", "model=cnn", "model.width=2", "scheduler=constant"]
+    train(tiny_cfg(*over, "trainer.max_epochs=2"), tmp_path)
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    del ckpt["machines"]  # as the checkpoints of 2026-11-27 were
+    save_checkpoint(tmp_path, ckpt)
+    resumed = train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path)
+    here = machine_name(torch.device("cpu"))
+    assert resumed["epochs"] == 3 and resumed["machines"] == ["not recorded", here]
+    assert summary_of(tmp_path)["machines"] == resumed["machines"]
+
+
 def test_a_finished_run_whose_checkpoints_are_gone_is_not_trained_again(tiny_cfg, tmp_path):
     """Found on a lent H100: 11 converged runs whose trials a stop had handed back came back from committed records,
     which hold no checkpoints, and trained again from scratch (370 epochs each). A finished run needs no checkpoint
