@@ -523,6 +523,7 @@ def test_every_study_folder_has_the_one_shape():
     ("double_descent_cnn_cifar10", ["records/main"], "main"),
     ("double_descent_cnn_cifar10", ["records/main_fixed"], "main_fixed"),
     ("double_descent_cnn", ["records/main", "records/main_seed6"], ""),
+    ("double_descent_vit", ["records/main_gpu"], "main_gpu"),
     *[(study, [f"records/{run}"], run) for study, run in (("patch_size", "rerun"), ("vit_vs_cnn", "rerun"),
                                                           ("tune_vit", "rerun_median"), ("tune_vit", "rerun_none"))]])
 def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, tmp_path, monkeypatch):
@@ -537,24 +538,28 @@ def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, 
     assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
 
 
-DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/, capped-from)
+DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/, capped-from,
+    # the effect a design must see: the tool's default 0.05 unless the sweep declared another)
     *[("double_descent_cnn_cifar10", [f"records/{arm}"], ["records/pilot_gpu", "records/pilot_gpu_threshold"], c,
-       f"{arm}/{name}", []) for arm in ("main", "main_fixed")
+       f"{arm}/{name}", [], None) for arm in ("main", "main_fixed")
       for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
     ("double_descent_cnn", ["records/main", "records/main_seed6"], ["records/pilot_gpu"], "critical", "main_test.md",
-     []),
+     [], None),
     ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
-     ["records/main", "records/main_seed6"])]
+     ["records/main", "records/main_seed6"], None),
+    ("double_descent_vit", ["records/main_gpu"], ["records/pilot_gpu"], "critical", "main_gpu/declared_test.md", [],
+     0.03)]
 
 
-@pytest.mark.parametrize("study, main, pilot, center, name, capped", DECLARED_TESTS)
-def test_each_declared_test_regenerates_from_its_committed_records(study, main, pilot, center, name, capped,
+@pytest.mark.parametrize("study, main, pilot, center, name, capped, effect", DECLARED_TESTS)
+def test_each_declared_test_regenerates_from_its_committed_records(study, main, pilot, center, name, capped, effect,
                                                                   tmp_path):
     """The verdict a report states, from the main run's records and the pilot's spread (the declared power); a
     fixed-budget arm that trained only what the convergence rule ended early names that arm (``--capped-from``)."""
     root = STUDIES / study
     out = tmp_path / "test.md"
     extra = ["--capped-from", *[str(root / d) for d in capped], "--curves"] if capped else []
+    extra += ["--effect", str(effect)] if effect is not None else []
     design.main(["test", *[str(root / d) for d in main], "--pilot", *[str(root / d) for d in pilot],
                  "--center", center, *extra, "--out", str(out)])
     assert out.read_text() == (root / "analysis" / name).read_text()
