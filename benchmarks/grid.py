@@ -61,7 +61,7 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "src.train", "-m", *args.grid, *args.data, f"trainer.max_epochs={args.epochs}",
            "trainer.progress=false", f"trainer.device={args.device}", "trainer.checkpoint=false",
            f"hydra.sweep.dir={out}", *MODES[name], *args.extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start, peaks = time.perf_counter(), [0]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
@@ -82,22 +82,43 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     peak = max(peaks)
     if proc.returncode:
         sys.exit(f"{name}: exit {proc.returncode}\n{''.join(log[-40:])}")
-    runs = {}
+    runs, by_job = {}, {}
     for d in sorted(out.iterdir()):
         if (d / "summary.json").is_file():
             s = json.loads((d / "summary.json").read_text())
             key = (d / ".hydra" / "overrides.yaml").read_text()
-            runs[key] = s
+            runs[key] = by_job[d.name] = s  # a sweep's run dir is named by its job number
     images = sum(s["steps"] * args.batch for s in runs.values())
-    # the launcher's own line per finished job: "[k/n] #idx objective ... in 3.2 s (worker 1) ..."
-    jobs = [(float(m.group(1)), int(m.group(2))) for line in log
-            if (m := re.search(r"\] #\d+ .* in ([\d.]+) s \(worker (-?\d+)\)", line))]
+    jobs = launcher_jobs(log, by_job)
     gpu = max((s.get("peak_gpu_mem_gib", 0.0) for s in runs.values()), default=0.0)
     per_run = sorted(s["train_images_per_s"] for s in runs.values())
     workers = max(1, len({w for _, w in jobs})) if jobs else 1
     return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak, "gpu": gpu,
             "run_images_per_s": per_run[len(per_run) // 2], "jobs": jobs, "workers": workers,
-            "run_s": sum(s["wall_s"] for s in runs.values())}
+            "run_s": own_seconds(runs.values())}
+
+
+def share(summary: dict) -> float:
+    """A run's share of the time its summary reports: a stacked member's ``wall_s`` (and its job's time) is its
+    whole group's, shared with ``stacked_members - 1`` others (on CUDA), so summing members' times counted each
+    group once per member (2026-11-28, an H200: "efficiency 331%")."""
+    return 1.0 / max(1, int(summary.get("stacked_members") or 1))
+
+
+def own_seconds(summaries) -> float:
+    """The runs' own time (training, evaluations, checkpoints after set-up), a stacked group counted once."""
+    return sum(s["wall_s"] * share(s) for s in summaries)
+
+
+def launcher_jobs(log: list[str], by_job: dict[str, dict]) -> list[tuple[float, int]]:
+    """(seconds, worker) per finished job from the launcher's own line, "[k/n] #idx objective ... in 3.2 s (worker
+    1) ...", a stacked member's seconds by its share of its group."""
+    jobs = []
+    for line in log:
+        if m := re.search(r"\] #(\d+) .* in ([\d.]+) s \(worker (-?\d+)\)", line):
+            summary = by_job.get(m.group(1), {})
+            jobs.append((float(m.group(2)) * share(summary), int(m.group(3))))
+    return jobs
 
 
 def efficiency(r: dict) -> str:

@@ -1,0 +1,37 @@
+"""benchmarks/grid.py's accounting: the launcher's efficiency against the ideal is a figure the docs quote."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def grid():
+    spec = importlib.util.spec_from_file_location("bench_grid", ROOT / "benchmarks" / "grid.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_stacked_group_counts_once_in_the_ideal_and_the_per_job_overhead(grid):
+    """Found on an H200 (2026-11-28): 16 runs stacked 4 to a group in one worker printed "ideal 312.8 s ... efficiency
+    331%" for a 94-s grid, since each member's wall_s and job time is its whole group's. Two groups of 4 members,
+    10 s of own time each and 11 s per job, in one worker with a 23-s wall: the ideal is 20 s (87%), not 80 s."""
+    members = {str(i): {"wall_s": 10.0, "stacked_members": 4} for i in range(8)}
+    log = [f"[{i + 1}/8] #{i} objective 0.5 in 11.0 s (worker 0) model.width={1 + i // 4}\n" for i in range(8)]
+    jobs = grid.launcher_jobs(log, members)
+    r = {"wall": 23.0, "workers": 1, "jobs": jobs, "run_s": grid.own_seconds(members.values())}
+    assert r["run_s"] == pytest.approx(20.0) and sum(s for s, _ in jobs) == pytest.approx(22.0)
+    text = grid.efficiency(r)
+    assert "ideal 20.0 s" in text and "efficiency 87%" in text and "per-job overhead 0.25 s/job" in text
+    assert "busiest worker 22.0 s" in text
+
+
+def test_runs_that_are_not_stacked_count_whole(grid):
+    runs = {"0": {"wall_s": 3.0}, "1": {"wall_s": 5.0, "stacked_members": None}, "2": {"wall_s": 2.0,
+                                                                                    "stacked_members": 1}}
+    assert grid.own_seconds(runs.values()) == pytest.approx(10.0)
+    log = ["[1/3] #0 objective 0.1 in 4.0 s (worker 1) a\n", "noise\n", "[2/3] #1 objective 0.1 in 6.0 s (worker 0) b\n"]
+    assert grid.launcher_jobs(log, runs) == [(4.0, 1), (6.0, 0)]
