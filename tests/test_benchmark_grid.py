@@ -33,5 +33,6 @@ def test_runs_that_are_not_stacked_count_whole(grid):
     runs = {"0": {"wall_s": 3.0}, "1": {"wall_s": 5.0, "stacked_members": None}, "2": {"wall_s": 2.0,
                                                                                     "stacked_members": 1}}
     assert grid.own_seconds(runs.values()) == pytest.approx(10.0)
-    log = ["[1/3] #0 objective 0.1 in 4.0 s (worker 1) a\n", "noise\n", "[2/3] #1 objective 0.1 in 6.0 s (worker 0) b\n"]
+    log = ["[1/3] #0 objective 0.1 in 4.0 s (worker 1) a\n", "noise\n",
+           "[2/3] #1 objective 0.1 in 6.0 s (worker 0) b\n"]
     assert grid.launcher_jobs(log, runs) == [(4.0, 1), (6.0, 0)]
