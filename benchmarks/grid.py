@@ -100,8 +100,12 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
 
 def share(summary: dict) -> float:
     """A run's share of the time its summary reports: a stacked member's ``wall_s`` (and its job's time) is its
-    whole group's, shared with ``stacked_members - 1`` others (on CUDA), so summing members' times counted each
-    group once per member (2026-11-28, an H200: "efficiency 331%")."""
+    whole group's, shared with ``stacked_members - 1`` others (stacking is on CUDA by default, anywhere with
+    ``stack=always``), so summing members' times counted each group once per member (2026-11-28, an H200:
+    "efficiency 331%"). Exact where a group's members end together, as in this benchmark's fixed epoch budget;
+    under a stop rule a member's ``wall_s`` ends at its own stop, so the shares sum to the members' mean time, not
+    the group's longest, and a group the launcher cut into parts run one after another times each later part's
+    jobs from the group's start: there the ideal reads low and the busiest worker high."""
     return 1.0 / max(1, int(summary.get("stacked_members") or 1))
 
 

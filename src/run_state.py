@@ -219,6 +219,7 @@ class RunState:
     best: dict = field(default_factory=dict)  # best_test_error, best_val_error so far
     stop_reason: str | None = None  # set by the final checkpoint of a run
     started: float = field(default_factory=time.perf_counter)
+    machines_before: list | None = None  # the machines a resumed run's checkpoint names (None: not resumed)
 
     def wall_s(self) -> float:
         """Wall time of the run so far, counted across resumes."""
@@ -300,6 +301,7 @@ class RunState:
             self.model.set_attention_path(state["attention"])
         # a checkpoint written before machines were recorded (2026-11-27) trained on a machine nobody named
         before = list(state["machines"]) if "machines" in state else ["not recorded"]
+        self.machines_before = before
         self.info["machines"] = before + [m for m in self.info["machines"] if m not in before]
         if self.recorder is not None:
             self.recorder.keep_rows(int(state["rows"]))

@@ -329,6 +329,8 @@ def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, A
     """Write the final checkpoint (a run that can continue) and summary.json; returns the summary.
     ``checkpoint=False`` for a state that was just loaded from its final checkpoint (keep the previous one)."""
     state.stop_reason = reason
+    if not checkpoint and state.machines_before is not None:  # finished here without training: not this machine's
+        state.info["machines"] = list(state.machines_before)
     if checkpoint and state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)

@@ -470,6 +470,23 @@ def test_a_run_resumed_from_a_checkpoint_that_names_no_machine_says_so(tiny_cfg,
     assert summary_of(tmp_path)["machines"] == resumed["machines"]
 
 
+def test_a_run_finished_from_its_final_checkpoint_names_only_the_machines_that_trained_it(tiny_cfg, tmp_path):
+    """Review finding (2026-11-28): a run killed after its final checkpoint, before its summary, is finished on the next
+    start without a step of training; that start's machine was still added to the summary's machines."""
+    from src.checkpoint import load_checkpoint, save_checkpoint
+
+    over = ["trainer.checkpoint=true", "model=cnn", "model.width=2", "scheduler=constant", "trainer.max_epochs=2"]
+    done = train(tiny_cfg(*over), tmp_path)
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert ckpt["stop_reason"] == "max_epochs"
+    ckpt["machines"] = ["Another CPU (family 25 model 17)"]  # it trained elsewhere and was killed before its summary
+    save_checkpoint(tmp_path, ckpt)
+    (tmp_path / "summary.json").unlink()
+    again = train(tiny_cfg(*over), tmp_path)
+    assert again["epochs"] == done["epochs"] == 2 and again["test_error"] == done["test_error"]
+    assert again["machines"] == ["Another CPU (family 25 model 17)"] == summary_of(tmp_path)["machines"]
+
+
 def test_a_finished_run_whose_checkpoints_are_gone_is_not_trained_again(tiny_cfg, tmp_path):
     """Found on a lent H100: 11 converged runs whose trials a stop had handed back came back from committed records,
     which hold no checkpoints, and trained again from scratch (370 epochs each). A finished run needs no checkpoint
