@@ -69,7 +69,7 @@ echo "cpus $(nproc)"
 
 if [ "${MODE:-pilot}" = vit_main ] || [ "${MODE:-pilot}" = vit_fixed ]; then  # the ViT double descent's declared main
   # run (scale cpu: 96 runs, 20% noise; its convergence arm) or its fixed-budget arm (MODE=vit_fixed: scale cpu_fixed,
-  # 60 runs of 500 epochs at dims 20-64, the rest of its grid being the convergence arm's capped runs,
+  # 72 runs of 500 epochs at dims 16-64, the rest of its grid being the convergence arm's capped runs,
   # records/main_gpu; the scale's header). Below, vit_main stands for either: the sweep dir, the files that come back.
   N=$MODE ARM=(scale=cpu) CAPPED=()
   if [ "$N" = vit_fixed ]; then
