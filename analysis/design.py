@@ -49,6 +49,10 @@ and each curve's own contrast sd beside it (an observation: the power was declar
 
 A fixed-budget arm whose sweep trained only the runs the convergence rule ended early names the convergence arm's
 sweeps with ``--capped-from``: their runs that reached the same cap stand for the rest of its grid (``with_capped``).
+
+``python -m analysis.design compare A_DIR... --against B_DIR...`` sets two grids of one recipe trained apart (a CPU
+and a GPU grid of one sweep, which the test never mixes) side by side: per (curve, width, seed) both finished, B's
+test error minus A's, overall and per width (``compare``). A device check beside the seed spread, not a test.
 """
 from __future__ import annotations
 
@@ -684,6 +688,42 @@ def curves_markdown(df: pd.DataFrame) -> str:
             + to_markdown(c[[k for k in cols if k in c]]) + "\n")
 
 
+def compare(a: pd.DataFrame, b: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
+    """Two grids of one recipe trained apart (on two devices, say): per (curve, noise, width, seed) both finished,
+    the test error of ``b`` minus ``a``'s (``diff``). A device check, not a test: it says how far one grid's runs
+    stand from the other's, beside the seed spread. Raises where a recipe key differs (``dataset.root`` and
+    ``trainer.device`` aside: a dataset's place and the device asked for)."""
+    a, b = completed_only(a, "compare (first)"), completed_only(b, "compare (second)")
+    width = width or width_column(a)
+    keys = [k for k in (*CURVE_KEYS, NOISE) if k in a and k in b]
+    free = {width, SEED, *keys, "dataset.root", "trainer.device"}
+    differ = {k: (sorted({str(_norm(v)) for v in a[k]}), sorted({str(_norm(v)) for v in b[k]}))
+              for k in recipe_keys(a, free) if k in b}
+    differ = {k: v for k, v in differ.items() if v[0] != v[1]}
+    if differ:
+        raise ValueError("compare: the two grids differ in their recipe: "
+                         + "; ".join(f"{k} = {x} against {y}" for k, (x, y) in differ.items()))
+    ids = [*keys, width, SEED]
+    cols = [*ids, "test_error", "train_error"]
+    norm = {k: (lambda df, k=k: df[k].map(_norm)) for k in ids}
+    pairs = a[cols].assign(**norm).merge(b[cols].assign(**norm), on=ids, suffixes=("_a", "_b"))
+    if pairs.empty:
+        raise ValueError(f"compare: no point ({', '.join(ids)}) finished in both grids")
+    return pairs.assign(diff=pairs["test_error_b"] - pairs["test_error_a"])
+
+
+def compare_markdown(pairs: pd.DataFrame, width: str) -> str:
+    """The shared points' count, mean and sd of the difference, overall and per curve and width."""
+    keys = [c for c in pairs.columns if c not in (width, SEED) and not c.endswith(("_a", "_b")) and c != "diff"
+            and pairs[c].nunique() > 1]  # the keys that tell the curves apart
+    per = (pairs.groupby([*keys, width])["diff"].agg(n="count", mean="mean", sd="std", max_abs=lambda d: d.abs().max())
+           .reset_index())
+    d = pairs["diff"]
+    return ("## Two grids of one recipe: test error of the second minus the first, per shared (curve, width, seed)\n\n"
+            f"{len(d)} points both finished: mean {d.mean():+.4f}, sd {d.std():.4f} a run, largest |difference| "
+            f"{d.abs().max():.4f}. A device check, not a test.\n\n" + to_markdown(per) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.design", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -701,6 +741,10 @@ def main(argv: list[str] | None = None) -> int:
                              "epoch cap for the (width, seed) pairs the arm's own sweep did not train (with_capped)")
     p_test.add_argument("--curves", action="store_true",
                         help="also print each curve's finished runs per width (seeds, mean train and test error)")
+    p_cmp = sub.add_parser("compare", help="two grids of one recipe (two devices): test error differences")
+    p_cmp.add_argument("paths", nargs="+", help="the first grid's sweep dirs")
+    p_cmp.add_argument("--against", nargs="+", required=True, help="the second grid's sweep dirs")
+    p_cmp.add_argument("--out", help="also write the Markdown here")
     for p in (p_plan, p_test):
         p.add_argument("--center", choices=CENTERS, default="critical",
                        help="the width a peak is tested at (critical: the declared rule; threshold: sensitivity)")
@@ -722,6 +766,9 @@ def main(argv: list[str] | None = None) -> int:
                               "contrast_sd": p["spread"].contrast_sd, "grids": p["grids"]}, default=float))
             return 0
         text = plan_markdown(p)
+    elif a.cmd == "compare":
+        first = load_runs(a.paths, optuna_state=False)
+        text = compare_markdown(compare(first, load_runs(a.against, optuna_state=False)), width_column(first))
     else:
         pilot = load_runs(a.pilot, optuna_state=False)
         lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)

@@ -625,3 +625,25 @@ def test_every_verdict_is_one_of_the_declared_words_and_not_reproduced_states_it
             assert any(words.startswith(v) for v in VERDICTS), f"{source}: {words[:80]!r} opens with none of {VERDICTS}"
         if "not reproduced" in words:
             assert any(k in row.lower() for k in POWER), f"{source}: 'not reproduced' without power: {words[:160]!r}"
+
+
+def test_compare_pairs_two_grids_of_one_recipe_point_by_point_and_refuses_two_recipes(tmp_path):
+    """The ViT double descent's CPU and GPU grids (one sweep, trained apart) are set side by side by this, not by
+    hand: per (curve, width, seed) both finished, the second's test error minus the first's."""
+    a = load_runs(write_pilot(tmp_path / "a", sizes=(8192,), lrs=(0.02,)), optuna_state=False)
+    b = load_runs(write_pilot(tmp_path / "b", sizes=(8192,), lrs=(0.02,), noise_sd=0.03), optuna_state=False)
+    b = b[~((b["model.width"] == 8) & (b["seed"] == 1))]  # one point the second grid lacks
+    pairs = design.compare(a, b)
+    assert len(pairs) == len(a) - 1
+    one = pairs[(pairs["model.width"] == 4) & (pairs["seed"] == 0)].iloc[0]
+    ta = a[(a["model.width"] == 4) & (a["seed"] == 0)]["test_error"].iloc[0]
+    tb = b[(b["model.width"] == 4) & (b["seed"] == 0)]["test_error"].iloc[0]
+    assert one["diff"] == pytest.approx(tb - ta) and one["diff"] != 0
+    text = design.compare_markdown(pairs, "model.width")
+    assert f"{len(a) - 1} points both finished: mean {pairs['diff'].mean():+.4f}" in text
+    other = b.assign(**{"dataset.name": "mnist"})
+    other.attrs = b.attrs
+    with pytest.raises(ValueError, match="dataset.name"):
+        design.compare(a, other)
+    with pytest.raises(ValueError, match="no point"):  # another n_train is another curve: nothing to pair
+        design.compare(a, load_runs(write_pilot(tmp_path / "c", sizes=(2048,), lrs=(0.02,)), optuna_state=False))
