@@ -6,8 +6,8 @@
 # Stages (each logs to $OUT/logs/<step>.log and prints its last lines; a failed step does not stop the rest):
 #   smoke    GPU facts, the CUDA-only tests and the stacked/launcher tests on CUDA, one compiled bf16 ViT
 #            epoch, a stacked multirun, a small double-descent sweep through the vitsweep sweeper + report
-#   grid     benchmarks/grid.py on the full MNIST training set: basic launcher (one run after another)
-#            against the vectorized launcher (stacked members; also with 4 processes sharing the GPU)
+#   grid     benchmarks/grid.py on the full MNIST training set (16 CNNs, 5 epochs): basic launcher (one run after
+#            another) against the vectorized launcher (stacked members; grid4: with 4 processes sharing the GPU)
 #   profile  benchmarks/step_profile.py on CUDA (where a step's time goes, against the measured matmul peak)
 #   vit      benchmarks/throughput.py: the default CIFAR-10 ViT with bf16 + torch.compile, and the time of
 #            one 50-epoch patch-4 run of the seed report's recipe on CIFAR-10-shaped data
@@ -58,9 +58,10 @@ torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).multi_process
   tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs
 }
 
-grid() {
+grid() {  # 16 runs of 5 epochs: 144 s basic + 94 s vectorized on an H200 (2026-11-28); the script's default 36-run,
+  # 10-epoch grid would take about 10 minutes on the basic launcher alone, more than a lease's call
   TAIL=12 step grid_mnist_full 590 python3 benchmarks/grid.py --device cuda --modes basic vectorized \
-    --data "${MNIST[@]}" --out "$W/grid"
+    --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}" --out "$W/grid"
 }
 
 grid4() {
