@@ -61,9 +61,13 @@ reports: install
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_fixed_test.md
 	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
 		--out $(S)/double_descent_vit/analysis/pilot_plan.md
-	$(PY) -m analysis.report $(S)/double_descent_vit/records/main_gpu --out $(S)/double_descent_vit/analysis/main_gpu
-	$(PY) -m analysis.design test $(S)/double_descent_vit/records/main_gpu --pilot $(S)/double_descent_vit/records/pilot_gpu \
-		--effect 0.03 --out $(S)/double_descent_vit/analysis/main_gpu/declared_test.md > /dev/null
+	for grid in main_gpu main_bf16; do \
+		$(PY) -m analysis.report $(S)/double_descent_vit/records/$$grid --out $(S)/double_descent_vit/analysis/$$grid; \
+		$(PY) -m analysis.design test $(S)/double_descent_vit/records/$$grid --pilot $(S)/double_descent_vit/records/pilot_gpu \
+			--effect 0.03 --out $(S)/double_descent_vit/analysis/$$grid/declared_test.md > /dev/null; \
+	done
+	$(PY) -m analysis.design compare $(S)/double_descent_vit/records/main_bf16 --against \
+		$(S)/double_descent_vit/records/main_gpu --out $(S)/double_descent_vit/analysis/devices.md > /dev/null
 	$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/earlier_cpu \
 		$(S)/double_descent_cnn_cifar10/records/earlier_cpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/earlier_cpu
 	$(PY) -m analysis.design plan $(S)/double_descent_cnn_cifar10/records/pilot_gpu \

@@ -524,6 +524,7 @@ def test_every_study_folder_has_the_one_shape():
     ("double_descent_cnn_cifar10", ["records/main_fixed"], "main_fixed"),
     ("double_descent_cnn", ["records/main", "records/main_seed6"], ""),
     ("double_descent_vit", ["records/main_gpu"], "main_gpu"),
+    ("double_descent_vit", ["records/main_bf16"], "main_bf16"),
     *[(study, [f"records/{run}"], run) for study, run in (("patch_size", "rerun"), ("vit_vs_cnn", "rerun"),
                                                           ("tune_vit", "rerun_median"), ("tune_vit", "rerun_none"))]])
 def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, tmp_path, monkeypatch):
@@ -547,8 +548,8 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
      [], None),
     ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
      ["records/main", "records/main_seed6"], None),
-    ("double_descent_vit", ["records/main_gpu"], ["records/pilot_gpu"], "critical", "main_gpu/declared_test.md", [],
-     0.03)]
+    *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], "critical", f"{grid}/declared_test.md", [],
+       0.03) for grid in ("main_gpu", "main_bf16")]]
 
 
 @pytest.mark.parametrize("study, main, pilot, center, name, capped, effect", DECLARED_TESTS)
@@ -647,3 +648,13 @@ def test_compare_pairs_two_grids_of_one_recipe_point_by_point_and_refuses_two_re
         design.compare(a, other)
     with pytest.raises(ValueError, match="no point"):  # another n_train is another curve: nothing to pair
         design.compare(a, load_runs(write_pilot(tmp_path / "c", sizes=(2048,), lrs=(0.02,)), optuna_state=False))
+
+
+def test_the_vit_device_check_regenerates_from_its_committed_records(tmp_path):
+    """The report's device check (the ViT's CPU grid against its GPU grid, point by point) is `compare`'s output on
+    the committed records."""
+    root = STUDIES / "double_descent_vit"
+    out = tmp_path / "devices.md"
+    design.main(["compare", str(root / "records" / "main_bf16"), "--against", str(root / "records" / "main_gpu"),
+                 "--out", str(out)])
+    assert out.read_text() == (root / "analysis" / "devices.md").read_text()
