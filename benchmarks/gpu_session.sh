@@ -64,9 +64,10 @@ grid() {  # 16 runs of 5 epochs: 144 s basic + 94 s vectorized on an H200 (2026-
     --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}" --out "$W/grid"
 }
 
-grid4() {
+grid4() {  # the same grid as `grid`, its vectorized mode with 4 worker processes sharing the GPU
   TAIL=12 step grid_mnist_full_4procs 400 python3 benchmarks/grid.py --device cuda --modes vectorized \
-    --data "${MNIST[@]}" --extra hydra.launcher.n_procs=4 --out "$W/grid4"
+    --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}" \
+    --extra hydra.launcher.n_procs=4 --out "$W/grid4"
 }
 
 vit() {

@@ -646,6 +646,14 @@ def test_compare_pairs_two_grids_of_one_recipe_point_by_point_and_refuses_two_re
     other.attrs = b.attrs
     with pytest.raises(ValueError, match="dataset.name"):
         design.compare(a, other)
+    extra = b.assign(**{"model.extra": 1})
+    extra.attrs = {**b.attrs, "config_columns": [*b.attrs["config_columns"], "model.extra"]}
+    with pytest.raises(ValueError, match="model.extra"):  # a recipe key one grid has and the other lacks
+        design.compare(a, extra)
+    twice = pd.concat([b, b.iloc[:1]], ignore_index=True)
+    twice.attrs = b.attrs
+    with pytest.raises(ValueError, match="more than one finished run"):  # review: a repeat joined twice
+        design.compare(a, twice)
     with pytest.raises(ValueError, match="no point"):  # another n_train is another curve: nothing to pair
         design.compare(a, load_runs(write_pilot(tmp_path / "c", sizes=(2048,), lrs=(0.02,)), optuna_state=False))
 
