@@ -167,7 +167,7 @@ def test_sweep_translates_a_scale_into_a_plain_hydra_override():
     assert cmd[-2:] == ["+sweeps/scales/heads_depth=cpu", "dataset.root=x"]
     assert "+sweeps/scales/heads_depth=paper" in sweep.command("heads_depth", [])
     assert not any("scales" in c for c in sweep.command("mnist_vit", []))  # a study without scales
-    with pytest.raises(SystemExit, match="scales: cpu, cpu_precision, paper, smoke"):
+    with pytest.raises(SystemExit, match="scales: cpu, cpu_confirm, cpu_precision, paper, smoke"):
         sweep.command("heads_depth", ["scale=huge"])
     with pytest.raises(SystemExit, match="runs at the size its sweep file states"):
         sweep.command("mnist_vit", ["scale=cpu"])
