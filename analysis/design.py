@@ -691,12 +691,14 @@ def curves_markdown(df: pd.DataFrame) -> str:
 def compare(a: pd.DataFrame, b: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
     """Two grids of one recipe trained apart (on two devices, say): per (curve, noise, width, seed) both finished,
     the test error of ``b`` minus ``a``'s (``diff``). A device check, not a test: it says how far one grid's runs
-    stand from the other's, beside the seed spread. Raises where a recipe key takes other values in one grid than
-    in the other, or is set in one only (``dataset.root`` and ``trainer.device`` aside: a dataset's place and the
-    device asked for; that the two places hold the same data is not checked), and where a grid has more than one
-    finished run of a point."""
-    a, b = completed_only(a, "compare (first)"), completed_only(b, "compare (second)")
+    stand from the other's, beside the seed spread. Each grid must pass what the declared test asks of one
+    (``one_recipe``: one recipe on one device, each point once); across the two, raises where a recipe key takes
+    other values in one grid than in the other, or is set in one only (``dataset.root`` and ``trainer.device``
+    aside: a dataset's place and the device asked for; that the two places hold the same data is not checked)."""
     width = width or width_column(a)
+    for df in (a, b):
+        one_recipe(df, width, _declared_grids(df))
+    a, b = completed_only(a, "compare (first)"), completed_only(b, "compare (second)")
     keys = [k for k in (*CURVE_KEYS, NOISE) if k in a and k in b]
     free = {width, SEED, *keys, "dataset.root", "trainer.device"}
 
@@ -709,15 +711,10 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, width: str | None = None) -> pd.Da
         raise ValueError("compare: the two grids differ in their recipe: "
                          + "; ".join(f"{k} = {x} against {y}" for k, (x, y) in differ.items()))
     ids = [*keys, width, SEED]
-    for name, df in (("first", a), ("second", b)):
-        twice = df[df[ids].apply(lambda c: c.map(_norm)).duplicated(keep=False)]  # 8, 8.0 and "8" alike
-        if len(twice):
-            raise ValueError(f"compare: the {name} grid has more than one finished run of "
-                             f"{len(twice.drop_duplicates(ids))} point(s) ({', '.join(ids)}), e.g. "
-                             f"{dict(twice[ids].iloc[0])}: one run a point, or pass one grid's sweep dirs")
-    cols = [*ids, "test_error", "train_error"]
-    norm = {k: (lambda df, k=k: df[k].map(_norm)) for k in ids}
-    pairs = a[cols].assign(**norm).merge(b[cols].assign(**norm), on=ids, suffixes=("_a", "_b"))
+
+    def points(df: pd.DataFrame) -> pd.DataFrame:  # the ids in one spelling in both (8, 8.0 and "8" alike)
+        return df[[*ids, "test_error", "train_error"]].assign(**{k: df[k].map(_norm) for k in ids})
+    pairs = points(a).merge(points(b), on=ids, suffixes=("_a", "_b"))
     if pairs.empty:
         raise ValueError(f"compare: no point ({', '.join(ids)}) finished in both grids")
     return pairs.assign(diff=pairs["test_error_b"] - pairs["test_error_a"])

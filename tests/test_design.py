@@ -652,7 +652,7 @@ def test_compare_pairs_two_grids_of_one_recipe_point_by_point_and_refuses_two_re
         design.compare(a, extra)
     twice = pd.concat([b, b.iloc[:1]], ignore_index=True)
     twice.attrs = b.attrs
-    with pytest.raises(ValueError, match="more than one finished run"):  # review: a repeat joined twice
+    with pytest.raises(ValueError, match="repeat a \\(curve, width, seed\\)"):  # review: a repeat joined twice
         design.compare(a, twice)
     with pytest.raises(ValueError, match="no point"):  # another n_train is another curve: nothing to pair
         design.compare(a, load_runs(write_pilot(tmp_path / "c", sizes=(2048,), lrs=(0.02,)), optuna_state=False))
