@@ -58,15 +58,16 @@ torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).multi_process
   tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs
 }
 
-grid() {  # 16 runs of 5 epochs: 144 s basic + 94 s vectorized on an H200 (2026-11-28); the script's default 36-run,
-  # 10-epoch grid would take about 10 minutes on the basic launcher alone, more than a lease's call
-  TAIL=12 step grid_mnist_full 590 python3 benchmarks/grid.py --device cuda --modes basic vectorized \
-    --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}" --out "$W/grid"
+# 16 runs of 5 epochs: 144 s basic + 94 s vectorized on an H200 (2026-11-28); grid.py's default 36-run, 10-epoch
+# grid would take about 10 minutes on the basic launcher alone, more than a lease's call
+GRID=(--device cuda --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}")
+
+grid() {
+  TAIL=12 step grid_mnist_full 590 python3 benchmarks/grid.py "${GRID[@]}" --modes basic vectorized --out "$W/grid"
 }
 
-grid4() {  # the same grid as `grid`, its vectorized mode with 4 worker processes sharing the GPU
-  TAIL=12 step grid_mnist_full_4procs 400 python3 benchmarks/grid.py --device cuda --modes vectorized \
-    --grid model=cnn model.width=1,2,4,8 label_noise=none,p20 seed=0,1 --epochs 5 --data "${MNIST[@]}" \
+grid4() {  # the same grid, its vectorized mode with 4 worker processes sharing the GPU
+  TAIL=12 step grid_mnist_full_4procs 400 python3 benchmarks/grid.py "${GRID[@]}" --modes vectorized \
     --extra hydra.launcher.n_procs=4 --out "$W/grid4"
 }
 
