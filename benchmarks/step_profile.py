@@ -15,7 +15,9 @@ built by ``src.run_state.setup``). Printed, in this order and in one run:
   ``FlopCounterMode``) and the achieved GFLOP/s as a share of both peaks;
 - a ``torch.profiler`` run of ``--profile-steps`` steps: the top ops by self time (CPU time on CPU, device
   time on CUDA) and the time shares grouped as matmul, attention, elementwise and norm, optimizer, data, other.
-  An op's group is its enclosing scope first (``Optimizer.step``, the loop's ``data`` scope), then its name.
+  An op's group is its enclosing scope first (``Optimizer.step``, the loop's ``data`` scope), then its name;
+- where the gap to the bf16 peak goes: the ceiling the matmul and attention ops alone allow (``flop_op_ceiling``),
+  so a gap the other groups cannot close (small matmuls on a CPU whose bf16 matmul is very fast) shows as such.
 """
 from __future__ import annotations
 
@@ -63,6 +65,22 @@ def group_of(name: str, scopes: tuple[str, ...]) -> str:
         if re.search(pattern, lower):
             return group
     return "other"
+
+
+def flop_op_ceiling(flops_per_image: float, batch: int, groups: dict[str, float], steps: int,
+                    peak_gflops: float) -> dict[str, float]:
+    """The step's ceiling if every op but the FLOP-doing ones (the matmul and attention groups) took no time.
+
+    ``groups`` is :func:`tally`'s self time per group in microseconds over ``steps`` profiled steps. Returns the
+    FLOP ops' ms per step, the images/s they alone allow, that rate's share of ``peak_gflops``, and the GFLOP/s
+    the FLOP ops themselves run at (all of the model's FLOPs over their time: what the matmul library reaches
+    at this model's shapes). When the ceiling is itself far below the peak, no removal of element-wise work can
+    reach the peak; only larger matmuls or a faster library can.
+    """
+    ms = (groups["matmul"] + groups["attention"]) / 1e3 / steps
+    images_per_s = batch / (ms / 1e3) if ms > 0 else float("inf")
+    gflops = flops_per_image * images_per_s / 1e9
+    return {"ms_per_step": ms, "images_per_s": images_per_s, "gflops": gflops, "share_of_peak": gflops / peak_gflops}
 
 
 def machine() -> str:
@@ -179,6 +197,12 @@ def report(args) -> str:
     out("|---|---|---|")
     for g in GROUPS:
         out(f"| {g} | {groups[g] / 1e3 / args.profile_steps:.2f} | {groups[g] / max(total, 1e-9):.1%} |")
+    out()
+    c = flop_op_ceiling(flops, args.batch, groups, args.profile_steps, peaks["bf16"][0])
+    out(f"- **where the gap to the bf16 peak goes**: the matmul and attention ops alone take {c['ms_per_step']:.1f} "
+        f"ms/step (profiled), running the model's FLOPs at {c['gflops']:.0f} GFLOP/s; so even if every other op "
+        f"took no time the step would reach {c['images_per_s']:.0f} images/s = **{c['share_of_peak']:.0%} of the "
+        f"bf16 peak** (the ceiling at this model's matmul shapes); the rest of the gap is the other groups' time")
     out()
     out(f"| top op (self {unit} time) | group | calls/step | ms/step | share |")
     out("|---|---|---|---|---|")
