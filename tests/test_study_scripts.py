@@ -355,6 +355,20 @@ def test_orderings_declared_regenerates_declared_md(tmp_path, monkeypatch, capsy
         run_script(monkeypatch, "heads_depth/scripts/orderings.py", HEADS_DEPTH / "records" / "main")
 
 
+def test_the_confirmatory_test_reads_the_paired_slope_difference_and_says_when_it_cannot(monkeypatch):
+    """`confirm_test` (the line `--declared` writes for records/confirm): on records/main's declared range it gives
+    the report's paired (4, 3)-vs-CNN figure and "confirmed" (interval below 0); with one architecture's seeds
+    missing it says the test is not drawn instead of a number; a positive interval reads "refuted"."""
+    mod = load_script(monkeypatch, "heads_depth/scripts/orderings.py")
+    runs = mod["load_runs"](HEADS_DEPTH / "records" / "main", optuna_state=False).copy()
+    runs["arch"] = runs.apply(mod["arch_of"], axis=1)
+    kept, _ = mod["overfitting_regime"](runs, by="arch")
+    line = mod["confirm_test"](kept, "h4_d3", "cnn_w10")
+    assert "**-0.202 [-0.252, -0.153]**" in line and line.endswith("**confirmed**")
+    assert mod["confirm_test"](kept, "cnn_w10", "h4_d3").endswith("**refuted**")
+    assert mod["confirm_test"](kept[kept.arch != "cnn_w10"], "h4_d3", "cnn_w10").startswith("not drawn: ")
+
+
 def number(text: str):
     for kind in (int, float):
         try:

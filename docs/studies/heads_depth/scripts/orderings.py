@@ -20,6 +20,7 @@ ViT, ``cnn_w<width>`` for the CNN). Unfinished runs are left out; an ordering th
 needs says so instead of a number.
 """
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +112,9 @@ def main(sweep_dir: str, out_dir: str) -> None:
           f"run wall time of the runs that left chance {np.sum(runs['wall_s']) / 60:.1f} min")
 
 
-def slope_rows(runs: pd.DataFrame) -> pd.DataFrame:
+def slope_rows(runs: pd.DataFrame, slopes: list = SLOPES) -> pd.DataFrame:
     rows = []
-    for what, a, b in SLOPES:
+    for what, a, b in slopes:
         try:
             d = slope_difference(runs, "arch", a, b)
         except ValueError as e:
@@ -138,10 +139,38 @@ def holds(d: dict) -> str:
     return "yes" if d["hi"] < 0 else ("no (reversed)" if d["lo"] > 0 else "not resolved (interval spans 0)")
 
 
-def declared(sweep_dir: str) -> str:
-    """The declared analysis as Markdown (see the module docstring)."""
+RULE = ("the paper fits \"in the overfitting regime\" (4.2), the regime where the model interpolates its training set "
+        "(4.1). A size enters an architecture's fit only when every seed there ended with train error <= 1% and none "
+        "stalled or collapsed; the range runs from the largest size down to the first that fails "
+        "(`analysis.fits.overfitting_regime`).")
+# the committed records the declared analysis is written for: title, what was declared when, where its output goes,
+# and the confirmatory test (a, b) if the records were run to test one ordering
+RECORDS = {
+    "main": {"title": "the declared fit range (issue 26)", "out": "docs/studies/heads_depth/analysis",
+             "when": "Rule, written on 2026-11-26 after these runs had finished and their every-size fit had been seen "
+                     "(issue 26 asked for a range rule to be declared and applied to these records; it reads train "
+                     "errors only, and what it leaves out is listed below): "},
+    "confirm": {"title": "the confirmatory run's declared test (issue 26)", "out":
+                "docs/studies/heads_depth/analysis/confirm", "test": ("h4_d3", "cnn_w10"),
+                "when": "Declared on 2026-11-28 before any of these runs "
+                        "(`sweeps/scales/heads_depth/cpu_confirm.yaml`, fresh seeds 4-7): the statistic is "
+                        "alpha(h4_d3) - alpha(cnn_w10) with the seeds paired, on "
+                        "the sizes both architectures' ranges hold, a 95% t-interval; the ordering is confirmed if "
+                        "the interval lies below 0, refuted if above 0, else not resolved. The range rule, written "
+                        "2026-11-26: "},
+}
+
+
+def declared(sweep_dir: str, out_dir: str | None = None) -> str:
+    """The declared analysis as Markdown (see the module docstring). Records named in ``RECORDS`` get their own
+    provenance and, for a confirmatory run, the declared test's verdict; any other sweep dir gets the rule alone."""
+    name = Path(sweep_dir).name
+    spec = RECORDS.get(name, {"title": f"the declared fit range on {name}", "out": out_dir or "<out dir>",
+                              "when": "The range rule, written 2026-11-26: "})
+    records = f"docs/studies/heads_depth/records/{name}" if name in RECORDS else sweep_dir
     runs = load_runs(sweep_dir, optuna_state=False).copy()
     runs["arch"] = runs.apply(arch_of, axis=1)
+    present = set(runs["arch"])
     kept, table = overfitting_regime(runs, by="arch")  # every run: one that did not complete fails its size
     ranges = (table.groupby("arch").apply(lambda g: ", ".join(str(n) for n in g.loc[g.in_range, "dataset.n_train"]),
                                           include_groups=False).rename("sizes fitted").reset_index())
@@ -150,32 +179,43 @@ def declared(sweep_dir: str) -> str:
     fits = fit_learning_curve(kept, by="arch", n_boot=0, errors="skip")
     fits["contains_published"] = (fits["alpha_lo"] <= PUBLISHED_ALPHA) & (PUBLISHED_ALPHA <= fits["alpha_hi"])
     cols = ["arch", "alpha", "alpha_lo", "alpha_hi", "n_points", "n_seeds", "x_min", "x_max", "contains_published"]
-    return "\n".join([
-        "# heads_depth: the declared fit range (issue 26)", "",
-        "Rule, written on 2026-11-26 after these runs had finished and their every-size fit had been seen (issue 26",
-        "asked for a range rule to be declared and applied to these records; it reads train errors only, and what it",
-        "leaves out is listed below): the paper fits \"in the overfitting regime\" (4.2), the regime where the",
-        "model interpolates its training set (4.1). A size enters an architecture's fit only when every seed there",
-        "ended with train error <= 1% and none stalled or collapsed; the range runs from the largest size down to the",
-        "first that fails (`analysis.fits.overfitting_regime`). Regenerate:",
-        "`python docs/studies/heads_depth/scripts/orderings.py docs/studies/heads_depth/records/main "
-        "docs/studies/heads_depth/analysis "
-        "--declared`.", "",
+    slopes = [s for s in SLOPES if {s[1], s[2]} <= present]  # orderings of architectures these records hold
+    errors = [e for e in ERRORS if {e[1], e[2]} <= present]
+    text = [
+        f"# heads_depth: {spec['title']}", "",
+        *textwrap.wrap(spec["when"] + RULE + " Regenerate:", 116),
+        f"`python docs/studies/heads_depth/scripts/orderings.py {records} {spec['out']} --declared`.", ""]
+    if "test" in spec:
+        text += ["## The declared test", "", confirm_test(kept, *spec["test"]), ""]
+    return "\n".join(text + [
         "## Range per architecture", "", to_markdown(ranges), "",
         "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",
         "## alpha per architecture on the declared range (95% t-interval over per-seed slopes)", "",
         to_markdown(fits[cols].round(3)), "",
         "## Slope orderings on the declared range (Welch 95% interval of the difference, as the header declares; "
         "beside it, the seeds paired: a seed draws the same training subset for every architecture)", "",
-        to_markdown(slope_rows(kept)), "",
+        to_markdown(slope_rows(kept, slopes)), "",
         "## Error orderings on the declared range (the sizes both architectures' ranges hold)", "",
-        to_markdown(pd.DataFrame([{"ordering": what, "result": cells, "holds": verdict} for what, a, b in ERRORS
-                                  for cells, verdict in [error_comparison(kept, a, b)]])), ""])
+        to_markdown(pd.DataFrame([{"ordering": what, "result": cells, "holds": verdict} for what, a, b in errors
+                                  for cells, verdict in [error_comparison(kept, a, b)]])) if errors else "none", ""])
+
+
+def confirm_test(kept: pd.DataFrame, a: str, b: str) -> str:
+    """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes, and its verdict
+    (confirmed below 0, refuted above 0, else not resolved); an unfinished grid says so instead."""
+    try:
+        d = slope_difference(kept, "arch", a, b, paired=True)
+    except ValueError as e:
+        return f"not drawn: {e}"
+    verdict = "confirmed" if d["hi"] < 0 else ("refuted" if d["lo"] > 0 else "not resolved")
+    return (f"alpha({a}) - alpha({b}), seeds paired: **{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]** "
+            f"(p {d['p']:.2g}, two-sided; alpha {d['alpha_a']:.3f} vs {d['alpha_b']:.3f}; {d['n_a']} seeds; "
+            f"n {', '.join(str(n) for n in d['sizes'])}): **{verdict}**")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[3] == "--declared":
-        text = declared(sys.argv[1])
+        text = declared(sys.argv[1], sys.argv[2])
         (Path(sys.argv[2]) / "declared.md").write_text(text)
         print(text)
     elif len(sys.argv) == 3:
