@@ -156,6 +156,10 @@ def report(args) -> str:
     cfg = compose(args)
     precision = resolve_precision(args.precision, device)
     compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
+    if args.fallback_random:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.fallback_random = True
     lines = []
 
     def out(s: str = "") -> None:
@@ -175,7 +179,7 @@ def report(args) -> str:
     out(f"- model `{args.model}` ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}); batch {args.batch}; data "
         f"{cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
         f"{type(path.optimizer).__name__} lr {args.lr}; precision {precision}, compile "
-        f"{'on' if compile_model else 'off'}")
+        f"{'on' if compile_model else 'off'}{' (fallback_random)' if args.fallback_random else ''}")
     if "attention" in getattr(path, "info", {}):
         why = path.info.get("attention_reason", "set in the config")
         out(f"- attention path: **{path.info['attention']}** ({why})")
@@ -231,6 +235,9 @@ def parse_args(argv=None):
     p.add_argument("--precision", default="auto")
     p.add_argument("--compile", default="off", choices=("auto", "on", "off"),
                    help="off by default: a compiled step's ops are inductor kernels the groups cannot name")
+    p.add_argument("--fallback-random", action="store_true",
+                   help="compiled: draw random numbers with aten's ops, not inductor's per-element Philox "
+                        "(torch._inductor.config.fallback_random; docs/benchmarks/README.md)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int)
     p.add_argument("--seed", type=int, default=0)
