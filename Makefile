@@ -51,6 +51,9 @@ reports: install
 		> $(S)/heads_depth/analysis/orderings/orderings.md
 	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/main $(S)/heads_depth/analysis --declared \
 		> /dev/null
+	mkdir -p $(S)/heads_depth/analysis/confirm
+	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/confirm $(S)/heads_depth/analysis/confirm \
+		--declared > /dev/null
 	$(PY) -m analysis.report $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
 		--out $(S)/double_descent_cnn/analysis
 	$(PY) -m analysis.design plan $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/pilot_plan.md

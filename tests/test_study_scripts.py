@@ -355,6 +355,17 @@ def test_orderings_declared_regenerates_declared_md(tmp_path, monkeypatch, capsy
         run_script(monkeypatch, "heads_depth/scripts/orderings.py", HEADS_DEPTH / "records" / "main")
 
 
+def test_the_confirmatory_run_regenerates_its_declared_test(tmp_path, monkeypatch, capsys):
+    """records/confirm (the confirmatory run, declared before its runs) regenerates analysis/confirm/declared.md,
+    whose test line reads the paired interval as declared."""
+    run_script(monkeypatch, "heads_depth/scripts/orderings.py", HEADS_DEPTH / "records" / "confirm", tmp_path,
+               "--declared")
+    text = (tmp_path / "declared.md").read_text()
+    assert text == (HEADS_DEPTH / "analysis" / "confirm" / "declared.md").read_text()
+    assert "## The declared test" in text and "paired by seed (declared)" in text
+    assert "more heads" not in text  # orderings of architectures the confirmatory run did not train are left out
+
+
 def test_the_confirmatory_test_reads_the_paired_slope_difference_and_says_when_it_cannot(monkeypatch):
     """`confirm_test` (the line `--declared` writes for records/confirm): on records/main's declared range it gives
     the report's paired (4, 3)-vs-CNN figure and "confirmed" (interval below 0); with one architecture's seeds
