@@ -16,7 +16,7 @@ built by ``src.run_state.setup``). Printed, in this order and in one run:
 - a ``torch.profiler`` run of ``--profile-steps`` steps: the top ops by self time (CPU time on CPU, device
   time on CUDA) and the time shares grouped as matmul, attention, elementwise and norm, optimizer, data, other.
   An op's group is its enclosing scope first (``Optimizer.step``, the loop's ``data`` scope), then its name;
-- where the gap to the bf16 peak goes: the ceiling the matmul and attention ops alone allow (``flop_op_ceiling``),
+- where the gap to the bf16 peak goes: the ceiling the FLOP-doing ops alone allow (``flop_op_ceiling``),
   so a gap the other groups cannot close (small matmuls on a CPU whose bf16 matmul is very fast) shows as such.
 """
 from __future__ import annotations
@@ -67,17 +67,25 @@ def group_of(name: str, scopes: tuple[str, ...]) -> str:
     return "other"
 
 
-def flop_op_ceiling(flops_per_image: float, batch: int, groups: dict[str, float], steps: int,
-                    peak_gflops: float) -> dict[str, float]:
-    """The step's ceiling if every op but the FLOP-doing ones (the matmul and attention groups) took no time.
+# the attention group's ops that do FLOPs (the fused SDPA kernels, which FlopCounterMode counts); its other ops
+# (softmax, on the explicit path) are element-wise
+FUSED_ATTENTION = r"scaled_dot_product|flash|efficient_attention|fmha|cudnn_attention"
 
-    ``groups`` is :func:`tally`'s self time per group in microseconds over ``steps`` profiled steps. Returns the
-    FLOP ops' ms per step, the images/s they alone allow, that rate's share of ``peak_gflops``, and the GFLOP/s
-    the FLOP ops themselves run at (all of the model's FLOPs over their time: what the matmul library reaches
-    at this model's shapes). When the ceiling is itself far below the peak, no removal of element-wise work can
-    reach the peak; only larger matmuls or a faster library can.
+
+def flop_op_ceiling(flops_per_image: float, batch: int, per_op: dict[tuple[str, str], list], steps: int,
+                    peak_gflops: float) -> dict[str, float]:
+    """The step's ceiling if every op but the FLOP-doing ones took no time: the matmul group and the fused
+    attention kernels (``FUSED_ATTENTION``; not the softmax of the explicit path, which is element-wise work).
+
+    ``per_op`` is :func:`tally`'s [calls, microseconds] per (op name, group) over ``steps`` profiled steps. Returns
+    the FLOP ops' ms per step, the images/s they alone allow, and the GFLOP/s they run the model's FLOPs at with
+    its share of ``peak_gflops``: what the matmul library reaches at this model's shapes. When that share is near
+    or below a target, removing element-wise work cannot reach the target; only larger matmuls or a faster
+    library can.
     """
-    ms = (groups["matmul"] + groups["attention"]) / 1e3 / steps
+    us = sum(t for (name, group), (_, t) in per_op.items()
+             if group == "matmul" or (group == "attention" and re.search(FUSED_ATTENTION, name.lower())))
+    ms = us / 1e3 / steps
     images_per_s = batch / (ms / 1e3) if ms > 0 else float("inf")
     gflops = flops_per_image * images_per_s / 1e9
     return {"ms_per_step": ms, "images_per_s": images_per_s, "gflops": gflops, "share_of_peak": gflops / peak_gflops}
@@ -202,11 +210,12 @@ def report(args) -> str:
     for g in GROUPS:
         out(f"| {g} | {groups[g] / 1e3 / args.profile_steps:.2f} | {groups[g] / max(total, 1e-9):.1%} |")
     out()
-    c = flop_op_ceiling(flops, args.batch, groups, args.profile_steps, peaks["bf16"][0])
-    out(f"- **where the gap to the bf16 peak goes**: the matmul and attention ops alone take {c['ms_per_step']:.1f} "
-        f"ms/step (profiled), running the model's FLOPs at {c['gflops']:.0f} GFLOP/s; so even if every other op "
-        f"took no time the step would reach {c['images_per_s']:.0f} images/s = **{c['share_of_peak']:.0%} of the "
-        f"bf16 peak** (the ceiling at this model's matmul shapes); the rest of the gap is the other groups' time")
+    c = flop_op_ceiling(flops, args.batch, per_op, args.profile_steps, peaks["bf16"][0])
+    out(f"- **where the gap to the bf16 peak goes**: the ops that do the FLOPs (matmuls, and fused attention "
+        f"kernels where SDPA runs) take {c['ms_per_step']:.1f} ms/step (profiled), running the model's FLOPs at "
+        f"{c['gflops']:.0f} GFLOP/s = **{c['share_of_peak']:.0%} of the bf16 peak**: the step's ceiling at this "
+        f"model's shapes, reached only if every other op took no time ({c['images_per_s']:.0f} images/s); the "
+        f"rest of the gap is the other ops' time")
     out()
     out(f"| top op (self {unit} time) | group | calls/step | ms/step | share |")
     out("|---|---|---|---|---|")

@@ -368,16 +368,30 @@ def test_the_confirmatory_run_regenerates_its_declared_test(tmp_path, monkeypatc
 
 def test_the_confirmatory_test_reads_the_paired_slope_difference_and_says_when_it_cannot(monkeypatch):
     """`confirm_test` (the line `--declared` writes for records/confirm): on records/main's declared range it gives
-    the report's paired (4, 3)-vs-CNN figure and "confirmed" (interval below 0); with one architecture's seeds
-    missing it says the test is not drawn instead of a number; a positive interval reads "refuted"."""
+    the report's paired (4, 3)-vs-CNN figure and "confirmed" (interval below 0), and a positive interval reads
+    "refuted"; it is not drawn, and says why, when a declared run is missing or unfinished, or when a declared seed
+    drops out of the paired fit."""
     mod = load_script(monkeypatch, "heads_depth/scripts/orderings.py")
     runs = mod["load_runs"](HEADS_DEPTH / "records" / "main", optuna_state=False).copy()
     runs["arch"] = runs.apply(mod["arch_of"], axis=1)
     kept, _ = mod["overfitting_regime"](runs, by="arch")
-    line = mod["confirm_test"](kept, "h4_d3", "cnn_w10")
+    grid = {"sizes": (256, 512, 1024, 2048, 4096), "seeds": (0, 1, 2, 3)}
+    line = mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **grid)
     assert "**-0.202 [-0.252, -0.153]**" in line and line.endswith("**confirmed**")
-    assert mod["confirm_test"](kept, "cnn_w10", "h4_d3").endswith("**refuted**")
-    assert mod["confirm_test"](kept[kept.arch != "cnn_w10"], "h4_d3", "cnn_w10").startswith("not drawn: ")
+    assert mod["confirm_test"](runs, kept, "cnn_w10", "h4_d3", **grid).endswith("**refuted**")
+    one_gone = runs.drop(runs.index[(runs.arch == "h4_d3") & (runs["dataset.n_train"] == 512) & (runs.seed == 2)])
+    assert mod["confirm_test"](one_gone, kept, "h4_d3", "cnn_w10", **grid).startswith(
+        "not drawn: grid unfinished (39 of 40 declared runs completed")
+    interrupted = runs.copy()
+    last = (runs.arch == "cnn_w10") & (runs["dataset.n_train"] == 4096) & (runs.seed == 0)
+    interrupted.loc[last, "status"] = "running"
+    assert mod["confirm_test"](interrupted, kept, "h4_d3", "cnn_w10", **grid).startswith(
+        "not drawn: grid unfinished (39 of 40 declared runs completed; missing e.g. ('cnn_w10', 4096, 0))")
+    no_seed_3 = kept[~((kept.arch == "cnn_w10") & (kept.seed == 3) & (kept["dataset.n_train"] == 1024))]
+    assert mod["confirm_test"](runs, no_seed_3, "h4_d3", "cnn_w10", **grid) == (
+        "not drawn: 3 of the 4 declared seeds have a run at every fitted size")
+    assert mod["confirm_test"](runs, kept[kept.arch != "cnn_w10"], "h4_d3", "cnn_w10", **grid).startswith(
+        "not drawn: ")
 
 
 def number(text: str):

@@ -29,6 +29,7 @@ import pandas as pd
 from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
 from analysis.fits import overfitting_regime
 
+RECORDS_DIR = Path(__file__).resolve().parents[1] / "records"
 PUBLISHED_ALPHA = -0.53  # both basic blocks on MNIST (4.2.1, fig. 12a)
 # (name, a, b, what the paper says): slope orderings test alpha(a) - alpha(b) < 0 (a steeper)
 SLOPES = [
@@ -152,6 +153,7 @@ RECORDS = {
                      "errors only, and what it leaves out is listed below): "},
     "confirm": {"title": "the confirmatory run's declared test (issue 26)", "out":
                 "docs/studies/heads_depth/analysis/confirm", "test": ("h4_d3", "cnn_w10"),
+                "grid": {"sizes": (256, 512, 1024, 2048, 4096), "seeds": (4, 5, 6, 7)},
                 "when": "Declared on 2026-11-28 before any of these runs "
                         "(`sweeps/scales/heads_depth/cpu_confirm.yaml`, fresh seeds 4-7): the statistic is "
                         "alpha(h4_d3) - alpha(cnn_w10) with the seeds paired, on "
@@ -165,9 +167,10 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
     """The declared analysis as Markdown (see the module docstring). Records named in ``RECORDS`` get their own
     provenance and, for a confirmatory run, the declared test's verdict; any other sweep dir gets the rule alone."""
     name = Path(sweep_dir).name
-    spec = RECORDS.get(name, {"title": f"the declared fit range on {name}", "out": out_dir or "<out dir>",
-                              "when": "The range rule, written 2026-11-26: "})
-    records = f"docs/studies/heads_depth/records/{name}" if name in RECORDS else sweep_dir
+    committed = name in RECORDS and Path(sweep_dir).resolve() == RECORDS_DIR / name  # not any folder so named
+    spec = RECORDS[name] if committed else {"title": f"the declared fit range on {name}", "out": out_dir or
+                                            "<out dir>", "when": "The range rule, written 2026-11-26: "}
+    records = f"docs/studies/heads_depth/records/{name}" if committed else sweep_dir
     runs = load_runs(sweep_dir, optuna_state=False).copy()
     runs["arch"] = runs.apply(arch_of, axis=1)
     present = set(runs["arch"])
@@ -184,9 +187,12 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
     slope_table = slope_rows(kept, slopes)
     if "test" in spec:  # the confirmatory run declared the paired interval; Welch is the sensitivity there
         slope_heading = ("## Slope orderings on the declared range (the declared test is the paired column; Welch's "
-                         "interval beside it as a sensitivity)")
-        slope_table = slope_table.rename(columns={"holds": "holds (Welch, sensitivity)",
-                                                  "paired by seed (sensitivity)": "paired by seed (declared)"})
+                         "interval after it, as a sensitivity)")
+        slope_table = slope_table.rename(columns={"result": "Welch 95% interval (sensitivity)", "holds":
+                                                  "holds (Welch)", "paired by seed (sensitivity)":
+                                                  "paired by seed (declared)"})
+        slope_table = slope_table[["ordering", "test", "paired by seed (declared)",
+                                   "Welch 95% interval (sensitivity)", "holds (Welch)"]]
     else:
         slope_heading = ("## Slope orderings on the declared range (Welch 95% interval of the difference, as the "
                          "header declares; beside it, the seeds paired: a seed draws the same training subset for "
@@ -196,7 +202,7 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
         *textwrap.wrap(spec["when"] + RULE + " Regenerate:", 116),
         f"`python docs/studies/heads_depth/scripts/orderings.py {records} {spec['out']} --declared`.", ""]
     if "test" in spec:
-        text += ["## The declared test", "", confirm_test(kept, *spec["test"]), ""]
+        text += ["## The declared test", "", confirm_test(runs, kept, *spec["test"], **spec["grid"]), ""]
     return "\n".join(text + [
         "## Range per architecture", "", to_markdown(ranges), "",
         "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",
@@ -208,13 +214,23 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
                                   for cells, verdict in [error_comparison(kept, a, b)]])) if errors else "none", ""])
 
 
-def confirm_test(kept: pd.DataFrame, a: str, b: str) -> str:
-    """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes, and its verdict
-    (confirmed below 0, refuted above 0, else not resolved); an unfinished grid says so instead."""
+def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, sizes: tuple, seeds: tuple) -> str:
+    """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes (``kept``), and
+    its verdict (confirmed below 0, refuted above 0, else not resolved). It is drawn only on the whole declared
+    grid: every (architecture, size, seed) of ``sizes`` x ``seeds`` completed in ``runs``, and every declared seed
+    in the paired fit; otherwise the line says why it is not drawn."""
+    done = runs[runs["status"] == "completed"]
+    have = set(zip(done["arch"], done["dataset.n_train"].astype(int), done["seed"].astype(int), strict=True))
+    declared_runs = {(arch, n, seed) for arch in (a, b) for n in sizes for seed in seeds}
+    if missing := declared_runs - have:
+        return (f"not drawn: grid unfinished ({len(declared_runs) - len(missing)} of {len(declared_runs)} declared "
+                f"runs completed; missing e.g. {sorted(missing)[0]})")
     try:
         d = slope_difference(kept, "arch", a, b, paired=True)
     except ValueError as e:
         return f"not drawn: {e}"
+    if d["n_a"] != len(seeds):
+        return f"not drawn: {d['n_a']} of the {len(seeds)} declared seeds have a run at every fitted size"
     verdict = "confirmed" if d["hi"] < 0 else ("refuted" if d["lo"] > 0 else "not resolved")
     return (f"alpha({a}) - alpha({b}), seeds paired: **{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]** "
             f"(p {d['p']:.2g}, two-sided; alpha {d['alpha_a']:.3f} vs {d['alpha_b']:.3f}; {d['n_a']} seeds; "
