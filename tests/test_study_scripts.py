@@ -381,12 +381,17 @@ def test_the_confirmatory_test_reads_the_paired_slope_difference_and_says_when_i
     assert mod["confirm_test"](runs, kept, "cnn_w10", "h4_d3", **grid).endswith("**refuted**")
     one_gone = runs.drop(runs.index[(runs.arch == "h4_d3") & (runs["dataset.n_train"] == 512) & (runs.seed == 2)])
     assert mod["confirm_test"](one_gone, kept, "h4_d3", "cnn_w10", **grid).startswith(
-        "not drawn: grid unfinished (39 of 40 declared runs completed")
+        "not drawn: 1 of the 40 declared runs did not complete (unfinished, failed or absent; e.g. ('h4_d3', 512, 2))")
     interrupted = runs.copy()
     last = (runs.arch == "cnn_w10") & (runs["dataset.n_train"] == 4096) & (runs.seed == 0)
     interrupted.loc[last, "status"] = "running"
     assert mod["confirm_test"](interrupted, kept, "h4_d3", "cnn_w10", **grid).startswith(
-        "not drawn: grid unfinished (39 of 40 declared runs completed; missing e.g. ('cnn_w10', 4096, 0))")
+        "not drawn: 1 of the 40 declared runs did not complete (unfinished, failed or absent; "
+        "e.g. ('cnn_w10', 4096, 0))")
+    smaller = {"sizes": (512, 1024, 2048, 4096), "seeds": (0, 1, 2, 3)}  # runs outside the declared grid stay out
+    assert "n 512, 1024, 2048, 4096)" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **smaller)
+    three_seeds = {"sizes": grid["sizes"], "seeds": (0, 1, 2)}
+    assert "; 3 seeds;" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **three_seeds)
     no_seed_3 = kept[~((kept.arch == "cnn_w10") & (kept.seed == 3) & (kept["dataset.n_train"] == 1024))]
     assert mod["confirm_test"](runs, no_seed_3, "h4_d3", "cnn_w10", **grid) == (
         "not drawn: 3 of the 4 declared seeds have a run at every fitted size")

@@ -218,15 +218,16 @@ def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, sizes: 
     """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes (``kept``), and
     its verdict (confirmed below 0, refuted above 0, else not resolved). It is drawn only on the whole declared
     grid: every (architecture, size, seed) of ``sizes`` x ``seeds`` completed in ``runs``, and every declared seed
-    in the paired fit; otherwise the line says why it is not drawn."""
+    in the paired fit, which is restricted to that grid; otherwise the line says why it is not drawn."""
     done = runs[runs["status"] == "completed"]
     have = set(zip(done["arch"], done["dataset.n_train"].astype(int), done["seed"].astype(int), strict=True))
     declared_runs = {(arch, n, seed) for arch in (a, b) for n in sizes for seed in seeds}
     if missing := declared_runs - have:
-        return (f"not drawn: grid unfinished ({len(declared_runs) - len(missing)} of {len(declared_runs)} declared "
-                f"runs completed; missing e.g. {sorted(missing)[0]})")
-    try:
-        d = slope_difference(kept, "arch", a, b, paired=True)
+        return (f"not drawn: {len(missing)} of the {len(declared_runs)} declared runs did not complete (unfinished, "
+                f"failed or absent; e.g. {sorted(missing)[0]})")
+    in_grid = kept["arch"].isin((a, b)) & kept["dataset.n_train"].isin(sizes) & kept["seed"].isin(seeds)
+    try:  # the fit sees the declared grid only: runs at other sizes or seeds in the records do not enter it
+        d = slope_difference(kept[in_grid], "arch", a, b, paired=True)
     except ValueError as e:
         return f"not drawn: {e}"
     if d["n_a"] != len(seeds):
