@@ -198,17 +198,25 @@ def declared_pairs(grid: dict, runs: pd.DataFrame, width: str) -> set[tuple[floa
     return {(w, s) for w in widths for s in seeds}
 
 
-def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
-    """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
-    started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
-    ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
-    hold, so a seed that reached some widths and not others counts as missing at the others."""
+def expected_pairs(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None
+                   ) -> set[tuple[float, float]]:
+    """The (width, seed) pairs a curve's runs should hold: each study's declared widths x seeds (``grids``, from
+    ``_declared_grids``), or, for runs of a study that declares none (or naming no study), those they hold."""
     grids = grids or {}
     study = ["study_storage", "study_name"]
     sources = c.groupby(study, dropna=False) if set(study) <= set(c.columns) else [(None, c)]
     expected: set[tuple[float, float]] = set()
     for src, runs in sources:  # runs naming no study form one source, whose grid is what they hold
         expected |= declared_pairs(grids.get(src, {}), runs, width)
+    return expected
+
+
+def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
+    """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
+    started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
+    ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
+    hold, so a seed that reached some widths and not others counts as missing at the others."""
+    expected = expected_pairs(c, width, grids)
     pairs = list(zip(c[width].astype(float), c[SEED].astype(float), strict=True))
     done = {p for p, st in zip(pairs, c["status"], strict=True) if st == "completed"}
     missing = expected - done

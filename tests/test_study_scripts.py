@@ -375,27 +375,29 @@ def test_the_confirmatory_test_reads_the_paired_slope_difference_and_says_when_i
     runs = mod["load_runs"](HEADS_DEPTH / "records" / "main", optuna_state=False).copy()
     runs["arch"] = runs.apply(mod["arch_of"], axis=1)
     kept, _ = mod["overfitting_regime"](runs, by="arch")
-    grid = {"sizes": (256, 512, 1024, 2048, 4096), "seeds": (0, 1, 2, 3)}
-    line = mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **grid)
+    study = (runs["study_storage"].iloc[0], runs["study_name"].iloc[0])  # records/main's one study
+
+    def grids(sizes=(256, 512, 1024, 2048, 4096), seeds=(0, 1, 2, 3)):  # as the sweeper records a declared grid
+        return {study: {"dataset.n_train": list(sizes), "seed": list(seeds)}}
+
+    line = mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", grids())
     assert "**-0.202 [-0.252, -0.153]**" in line and line.endswith("**confirmed**")
-    assert mod["confirm_test"](runs, kept, "cnn_w10", "h4_d3", **grid).endswith("**refuted**")
+    assert mod["confirm_test"](runs, kept, "cnn_w10", "h4_d3", grids()).endswith("**refuted**")
     one_gone = runs.drop(runs.index[(runs.arch == "h4_d3") & (runs["dataset.n_train"] == 512) & (runs.seed == 2)])
-    assert mod["confirm_test"](one_gone, kept, "h4_d3", "cnn_w10", **grid).startswith(
-        "not drawn: 1 of the 40 declared runs did not complete (unfinished, failed or absent; e.g. ('h4_d3', 512, 2))")
+    assert mod["confirm_test"](one_gone, kept, "h4_d3", "cnn_w10", grids()) == (
+        "not drawn: h4_d3's declared grid is unfinished (19 of 20 runs finished, 1 not started)")
     interrupted = runs.copy()
     last = (runs.arch == "cnn_w10") & (runs["dataset.n_train"] == 4096) & (runs.seed == 0)
     interrupted.loc[last, "status"] = "running"
-    assert mod["confirm_test"](interrupted, kept, "h4_d3", "cnn_w10", **grid).startswith(
-        "not drawn: 1 of the 40 declared runs did not complete (unfinished, failed or absent; "
-        "e.g. ('cnn_w10', 4096, 0))")
-    smaller = {"sizes": (512, 1024, 2048, 4096), "seeds": (0, 1, 2, 3)}  # runs outside the declared grid stay out
-    assert "n 512, 1024, 2048, 4096)" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **smaller)
-    three_seeds = {"sizes": grid["sizes"], "seeds": (0, 1, 2)}
-    assert "; 3 seeds;" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", **three_seeds)
+    assert mod["confirm_test"](interrupted, kept, "h4_d3", "cnn_w10", grids()) == (
+        "not drawn: cnn_w10's declared grid is unfinished (19 of 20 runs finished, 1 running)")
+    smaller = grids(sizes=(512, 1024, 2048, 4096))  # runs outside the declared grid stay out of the fit
+    assert "n 512, 1024, 2048, 4096)" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", smaller)
+    assert "; 3 seeds;" in mod["confirm_test"](runs, kept, "h4_d3", "cnn_w10", grids(seeds=(0, 1, 2)))
     no_seed_3 = kept[~((kept.arch == "cnn_w10") & (kept.seed == 3) & (kept["dataset.n_train"] == 1024))]
-    assert mod["confirm_test"](runs, no_seed_3, "h4_d3", "cnn_w10", **grid) == (
+    assert mod["confirm_test"](runs, no_seed_3, "h4_d3", "cnn_w10", grids()) == (
         "not drawn: 3 of the 4 declared seeds have a run at every fitted size")
-    assert mod["confirm_test"](runs, kept[kept.arch != "cnn_w10"], "h4_d3", "cnn_w10", **grid).startswith(
+    assert mod["confirm_test"](runs, kept[kept.arch != "cnn_w10"], "h4_d3", "cnn_w10", grids()).startswith(
         "not drawn: ")
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
+from analysis.design import _declared_grids, expected_pairs, unfinished
 from analysis.fits import overfitting_regime
 
 RECORDS_DIR = Path(__file__).resolve().parents[1] / "records"
@@ -153,7 +154,6 @@ RECORDS = {
                      "errors only, and what it leaves out is listed below): "},
     "confirm": {"title": "the confirmatory run's declared test (issue 26)", "out":
                 "docs/studies/heads_depth/analysis/confirm", "test": ("h4_d3", "cnn_w10"),
-                "grid": {"sizes": (256, 512, 1024, 2048, 4096), "seeds": (4, 5, 6, 7)},
                 "when": "Declared on 2026-11-28 before any of these runs "
                         "(`sweeps/scales/heads_depth/cpu_confirm.yaml`, fresh seeds 4-7): the statistic is "
                         "alpha(h4_d3) - alpha(cnn_w10) with the seeds paired, on "
@@ -202,7 +202,7 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
         *textwrap.wrap(spec["when"] + RULE + " Regenerate:", 116),
         f"`python docs/studies/heads_depth/scripts/orderings.py {records} {spec['out']} --declared`.", ""]
     if "test" in spec:
-        text += ["## The declared test", "", confirm_test(runs, kept, *spec["test"], **spec["grid"]), ""]
+        text += ["## The declared test", "", confirm_test(runs, kept, *spec["test"], _declared_grids(runs)), ""]
     return "\n".join(text + [
         "## Range per architecture", "", to_markdown(ranges), "",
         "Sizes left out:", "", to_markdown(out) if len(out) else "none", "",
@@ -214,25 +214,28 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
                                   for cells, verdict in [error_comparison(kept, a, b)]])) if errors else "none", ""])
 
 
-def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, sizes: tuple, seeds: tuple) -> str:
+def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, grids: dict) -> str:
     """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes (``kept``), and
-    its verdict (confirmed below 0, refuted above 0, else not resolved). It is drawn only on the whole declared
-    grid: every (architecture, size, seed) of ``sizes`` x ``seeds`` completed in ``runs``, and every declared seed
-    in the paired fit, which is restricted to that grid; otherwise the line says why it is not drawn."""
-    done = runs[runs["status"] == "completed"]
-    have = set(zip(done["arch"], done["dataset.n_train"].astype(int), done["seed"].astype(int), strict=True))
-    declared_runs = {(arch, n, seed) for arch in (a, b) for n in sizes for seed in seeds}
-    if missing := declared_runs - have:
-        return (f"not drawn: {len(missing)} of the {len(declared_runs)} declared runs did not complete (unfinished, "
-                f"failed or absent; e.g. {sorted(missing)[0]})")
-    in_grid = kept["arch"].isin((a, b)) & kept["dataset.n_train"].isin(sizes) & kept["seed"].isin(seeds)
-    try:  # the fit sees the declared grid only: runs at other sizes or seeds in the records do not enter it
+    its verdict (confirmed below 0, refuted above 0, else not resolved). The grid is the one the sweep declared
+    (``grids``, from ``analysis.design._declared_grids``: sizes x seeds per architecture). The line is drawn only
+    when every run of that grid completed and every declared seed is in the paired fit, which sees that grid
+    alone; otherwise it says why it is not drawn."""
+    expected = {}
+    for arch in (a, b):
+        c = runs[runs["arch"] == arch]
+        if gap := unfinished(c, "dataset.n_train", grids):
+            return f"not drawn: {arch}'s declared grid is unfinished ({gap})"
+        expected[arch] = expected_pairs(c, "dataset.n_train", grids)
+    cell = list(zip(kept["dataset.n_train"].astype(float), kept["seed"].astype(float), strict=True))
+    in_grid = [p in expected.get(arch, ()) for arch, p in zip(kept["arch"], cell, strict=True)]
+    try:  # runs at other sizes or seeds in the records do not enter the fit
         d = slope_difference(kept[in_grid], "arch", a, b, paired=True)
     except ValueError as e:
         return f"not drawn: {e}"
+    seeds = {s for _, s in expected[a] & expected[b]}
     if d["n_a"] != len(seeds):
         return f"not drawn: {d['n_a']} of the {len(seeds)} declared seeds have a run at every fitted size"
-    verdict = "confirmed" if d["hi"] < 0 else ("refuted" if d["lo"] > 0 else "not resolved")
+    verdict = {"yes": "confirmed", "no (reversed)": "refuted"}.get(holds(d), "not resolved")
     return (f"alpha({a}) - alpha({b}), seeds paired: **{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]** "
             f"(p {d['p']:.2g}, two-sided; alpha {d['alpha_a']:.3f} vs {d['alpha_b']:.3f}; {d['n_a']} seeds; "
             f"n {', '.join(str(n) for n in d['sizes'])}): **{verdict}**")
