@@ -51,7 +51,6 @@ reports: install
 		> $(S)/heads_depth/analysis/orderings/orderings.md
 	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/main $(S)/heads_depth/analysis --declared \
 		> /dev/null
-	mkdir -p $(S)/heads_depth/analysis/confirm
 	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/confirm $(S)/heads_depth/analysis/confirm \
 		--declared > /dev/null
 	$(PY) -m analysis.report $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \

@@ -244,6 +244,7 @@ def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, grids: 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[3] == "--declared":
         text = declared(sys.argv[1], sys.argv[2])
+        Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
         (Path(sys.argv[2]) / "declared.md").write_text(text)
         print(text)
     elif len(sys.argv) == 3:
