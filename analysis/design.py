@@ -57,6 +57,7 @@ test error minus A's, overall and per width (``compare``). A device check beside
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import warnings
@@ -123,39 +124,53 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     The other runs of ``capped`` at pairs ``main`` lacks join too, as not finished (a run the rule ended early gets
     status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
     that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
-    dataset, model, optimizer, precision or device is another recipe, and raises."""
-    width = width or width_column(main)
+    dataset, model, optimizer, precision or device is another recipe, and raises. The width column is read from both
+    arms: the fixed arm alone may hold one width (its first runs; a rule that ended only one width early)."""
+    width = width or width_column(pd.concat([main, capped], ignore_index=True))
     budget = main["trainer.max_epochs"].dropna().unique() if "trainer.max_epochs" in main else []
     if len(budget) != 1:
         raise ValueError("a fixed-budget arm has one trainer.max_epochs; these runs have "
                          f"{sorted(budget) or 'none'}: pass one arm's sweep dirs")
+    rule = main["trainer.converge_epochs"].dropna().unique() if "trainer.converge_epochs" in main else []
+    if len(rule):
+        raise ValueError("the fixed-budget arm's runs stop by convergence (trainer.converge_epochs = "
+                         f"{', '.join(f'{float(v):g}' for v in sorted(rule))}): a fixed budget is the run with "
+                         "the rule off; run its sweep with trainer.converge_epochs=null")
+    main = main.copy()
+    own_ok = _ran_to(main, budget[0])
+    main.loc[~own_ok & (main["status"] == "completed"), "status"] = "ended early"  # max_steps, max_wall_s
+    main.loc[~own_ok, ["train_error", "test_error"]] = np.nan
     keys = [k for k in (*CURVE_KEYS, NOISE) if k not in STOP_RULE_KEYS and k in main and k in capped]
     ids = [*keys, width, SEED]
 
     def tuples(df: pd.DataFrame, cols: list[str]) -> list[tuple]:
         return [tuple(_norm(v) for v in row) for row in df[cols].itertuples(index=False, name=None)]
 
-    curves = set(tuples(main, keys))
-    c = capped.loc[np.array([k in curves for k in tuples(capped, keys)], dtype=bool)]
+    # the arm's curves: each key at the values its runs hold or its study declared (a weight decay not begun yet)
+    allowed = {k: set(main[k].map(_norm)) for k in keys}
+    for grid in _declared_grids(main).values():
+        for k in keys:
+            allowed[k] |= {_norm(v) for v in grid.get(k, ())}
+    same = capped.loc[np.array([all(v in allowed[k] for k, v in zip(keys, t, strict=True))
+                                for t in tuples(capped, keys)], dtype=bool)]
+    if not len(same):
+        raise ValueError("--capped-from holds no run of the fixed-budget arm's curves ("
+                         + "; ".join(f"{k} = {sorted(map(str, allowed[k]))} here, "
+                                     f"{sorted({str(_norm(v)) for v in capped[k]})} there" for k in keys)
+                         + "): pass the convergence arm of the same study, budget and training-set size")
     held = set(tuples(main, ids))
-    c = c.loc[np.array([i not in held for i in tuples(c, ids)], dtype=bool)]
-    fixed = [k for k in recipe_keys(main, {*STOP_RULE_KEYS, width, SEED})
-             if k in c and main[k].map(_norm).nunique() == 1]
-    differ = {k: sorted({str(v) for v in c[k].map(_norm)} - {str(_norm(main[k].iloc[0]))}) for k in fixed}
-    differ = {k: v for k, v in differ.items() if v}
+    c = same.loc[np.array([i not in held for i in tuples(same, ids)], dtype=bool)]
+    differ = _recipe_differences(main, same, c, width, keys)
     if differ:
         raise ValueError("--capped-from runs of another recipe than the fixed-budget arm's: "
-                         + "; ".join(f"{k} = {v} there, {main[k].iloc[0]!r} here" for k, v in differ.items())
+                         + "; ".join(f"{k} = {v} there, {here!r} here" for k, (v, here) in differ.items())
                          + ". Pass the convergence arm of the same study, device and precision")
     if c.duplicated(ids).any():
         warnings.warn(f"--capped-from: {int(c.duplicated(ids).sum())} runs repeat a (curve, width, seed); the first "
                       "of each is taken", stacklevel=2)
         c = c[~c.duplicated(ids)]
     c = c.copy()
-    capped_ok = ((c["status"] == "completed") & (c.get("stop_reason") == "max_epochs")
-                 & (pd.to_numeric(c.get("trainer.max_epochs"), errors="coerce") == budget[0]))
-    if "epochs" in c:
-        capped_ok &= pd.to_numeric(c["epochs"], errors="coerce") == budget[0]
+    capped_ok = _ran_to(c, budget[0])
     c.loc[~capped_ok & (c["status"] == "completed"), "status"] = "ended early"
     for col in ("train_error", "test_error"):
         c.loc[~capped_ok, col] = np.nan
@@ -164,6 +179,50 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     out = pd.concat([main, c], ignore_index=True)
     out.attrs = main.attrs
     return out
+
+
+def _ran_to(df: pd.DataFrame, budget) -> pd.Series:
+    """Runs that completed the whole epoch budget: stopped by ``max_epochs`` at ``budget`` epochs (not by a
+    convergence rule, ``max_steps`` or ``max_wall_s``)."""
+    ok = ((df["status"] == "completed") & (df.get("stop_reason") == "max_epochs")
+          & (pd.to_numeric(df.get("trainer.max_epochs"), errors="coerce") == budget))
+    if "epochs" in df:
+        ok &= pd.to_numeric(df["epochs"], errors="coerce") == budget
+    return ok
+
+def _recipe_differences(main: pd.DataFrame, same: pd.DataFrame, taken: pd.DataFrame, width: str, curves: list[str]
+                        ) -> dict[str, tuple[list[str], object]]:
+    """Recipe keys where the other arm's runs differ from the fixed arm's (``main``): key -> (their values, ours).
+
+    A key ``main`` holds at one value must have it in every run ``taken``, unless the other arm's runs of the same
+    curves (``same``) tie it to the width (one value per width, several in all: a width's preset, as the ViT's
+    mlp_dim = 2 x dim); such a key, and any ``main`` holds at one value per width, must agree at each width both arms
+    hold. The ``curves`` keys (weight decay, noise: one curve per value) are not compared."""
+    def norm(s: pd.Series) -> pd.Series:
+        return s.map(_norm)
+
+    w_main, w_same = norm(main[width]), norm(same[width])
+
+    def per_width(df: pd.DataFrame, w: pd.Series, k: str) -> bool:
+        return bool((norm(df[k]).groupby(w).nunique(dropna=False) <= 1).all())
+
+    out = {}
+    for k in recipe_keys(main, {*STOP_RULE_KEYS, width, SEED, *curves}):
+        if k not in same:
+            continue
+        ours = norm(main[k])
+        tied = same[k].notna().any() and norm(same[k]).nunique() > 1 and per_width(same, w_same, k)
+        if ours.nunique(dropna=False) == 1 and not tied:
+            theirs = {str(v) for v in norm(taken[k])} - {str(ours.iloc[0])}
+            if theirs:
+                out[k] = (sorted(theirs), main[k].iloc[0])
+        elif per_width(main, w_main, k):
+            at = dict(zip(w_main, ours, strict=True))
+            for wv, v in zip(w_same, norm(same[k]), strict=True):
+                if wv in at and str(v) != str(at[wv]):
+                    out.setdefault(k, ([], at[wv]))[0].append(str(v))
+    return {k: (sorted(set(v)), here) for k, (v, here) in out.items()}
+
 
 def _flagged(df: pd.DataFrame) -> pd.Series:
     out = pd.Series(False, index=df.index)
@@ -525,7 +584,8 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
     one_recipe(df, width, grids)
-    keys = [*curve_keys(df), NOISE]
+    declared = {k for g in grids.values() for k, v in g.items() if k in CURVE_KEYS and k in df and len(v) > 1}
+    keys = [*[k for k in CURVE_KEYS if k in curve_keys(df) or k in declared], NOISE]
     done = completed_only(df, "peak_tests").index
     out = []
     for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
@@ -553,6 +613,29 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
                             own, detectable, effect, says))
+    out += [PeakTest(name, np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, 0, np.nan, np.nan, effect,
+                     verdict(np.nan, np.nan, np.nan, effect, 0, alpha, missing))
+            for name, missing in _curves_not_begun(df, keys, width, grids)]
+    return out
+
+
+def _curves_not_begun(df: pd.DataFrame, keys: list[str], width: str, grids: dict[tuple[str, str], dict]
+                      ) -> list[tuple[str, str]]:
+    """(curve name, what is missing) for each curve a study declared (its grid's values of ``keys``; a key its grid
+    does not vary, at the values its runs hold) that has no run yet: a weight-decay arm not begun is a missing half
+    of the declared test, not a test with one curve."""
+    if not grids or not {"study_storage", "study_name"} <= set(df.columns):
+        return []
+    have = {tuple(_norm(v) for v in row) for row in df[keys].itertuples(index=False, name=None)}
+    out = []
+    for (storage, name), grid in grids.items():
+        runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
+        values = [sorted({_norm(v) for v in (grid.get(k) or runs[k].dropna().unique())}, key=str) for k in keys]
+        n = len(declared_pairs(grid, runs, width))
+        for combo in itertools.product(*values):
+            if combo not in have:
+                have.add(combo)
+                out.append((curve_name(keys, combo), f"0 of {n} runs finished, {n} not started"))
     return out
 
 

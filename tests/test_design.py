@@ -334,10 +334,13 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     # alone, the fixed arm's sweep is not the arm's grid: no threshold below its narrowest width
     (alone,) = design.peak_tests(main, pilot_sd=0.015, effect=0.05)
     assert alone.verdict.startswith("inconclusive")
-    # a capped run under another cap is no run of this budget: none is taken
+    # a capped run under another cap is no run of this budget: none is taken, and an arm that holds none of the
+    # fixed arm's curves is refused (review 2026-11-28: it added nothing, silently, and the narrow widths were
+    # never read)
     other = load_runs(conv, optuna_state=False).assign(**{"trainer.max_epochs": 200})
-    (short,) = design.peak_tests(design.with_capped(main, other), pilot_sd=0.015, effect=0.05)
-    assert short.verdict.startswith("inconclusive")
+    with pytest.raises(ValueError, match=r"holds no run of the fixed-budget arm's curves.*trainer.max_epochs = "
+                                         r"\['300.0'\] here, \['200.0'\] there"):
+        design.with_capped(main, other)
     # review findings (2026-11-27): the convergence arm's runs the rule ended early at pairs the fixed arm's sweep
     # lacks are missing runs of this arm, not absent from its grid
     narrow = main[main["model.width"] > 8]
@@ -363,6 +366,98 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     rows = [r for r in text.split("## The curves it read")[1].splitlines() if r.startswith("| 0.2 |")]
     assert len(rows) == len(WIDTHS) and all(r.split("|")[3].strip() == "4" for r in rows)  # 4 seeds a width
 
+
+
+def test_a_fixed_budget_arm_whose_runs_so_far_share_one_width_reads_its_widths_from_both_arms(tmp_path):
+    """Found starting the ViT's fixed-budget arm: with its first runs all at one dim, ``with_capped`` looked for the
+    width column in that arm alone and raised "column 'model.width' not found" instead of "grid unfinished"; then it
+    took a key its width's preset sets (the ViT's mlp_dim = 2 x dim) for a recipe the other arm does not share. An arm
+    whose rule ended early at one width only would never have been tested."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    for s in range(2):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, 8192)
+            cfg["model"]["fc"] = 2 * w  # set by each width's preset
+            early = w == 12  # the rule ended only these early
+            summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
+                       "epochs": 120 if early else 300, "train_error": train, "test_error": test}
+            write_run(conv, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if early:  # the fixed arm's sweep, in its first sitting: width 12, one run done and one running
+                write_run(fixed, s, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
+                          {**summary, "stop_reason": "max_epochs", "epochs": 300} if s == 0 else None)
+    main = load_runs(fixed, optuna_state=False)
+    both = design.with_capped(main, load_runs(conv, optuna_state=False))
+    assert len(both) == 2 * len(WIDTHS)
+    (test,) = design.peak_tests(both, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "inconclusive (grid unfinished: 17 of 18 runs finished, 1 running)"
+    # a key the preset ties to the width is still checked at the widths both arms hold
+    other = load_runs(conv, optuna_state=False)
+    other.loc[other["model.width"] == 12, "model.fc"] = 25
+    with pytest.raises(ValueError, match=r"model.fc = \['25.0'\] there, 24.0 here"):
+        design.with_capped(main, other)
+
+
+def two_arms(tmp_path, fixed_wds=(0.0, 0.01), fixed_rule=None, fixed_reason="max_epochs", fixed_epochs=300,
+             declare=True):
+    """A convergence arm (every width, 3 seeds, weight decays 0 and 0.01; widths >= 8 converged early) and a fixed
+    arm's sweep that trained widths >= 8 of ``fixed_wds``, its study declaring both weight decays (``declare``)."""
+    import optuna
+
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    rng = np.random.default_rng(0)
+    n = 0
+    for wd in (0.0, 0.01):
+        for s in range(3):
+            for w in WIDTHS:
+                n += 1
+                train, test = curve(w, 8)
+                cfg = {**cnn_config(s, w, 0.05, 8192), "optimizer": {"lr": 0.05, "weight_decay": wd}}
+                early = w >= 8
+                summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
+                           "epochs": 120 if early else 300, "train_error": train,
+                           "test_error": test + rng.normal(0, 0.01)}
+                write_run(conv, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+                if early and wd in fixed_wds:
+                    write_run(fixed, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": fixed_rule}},
+                              {**summary, "stop_reason": fixed_reason, "epochs": fixed_epochs})
+    if declare:
+        storage = f"sqlite:///{fixed / 'optuna.db'}"
+        study = optuna.create_study(study_name="dd_fixed", storage=storage)
+        study._storage.set_study_system_attr(study._study_id, "vitsweep:grid", {
+            "model.width": [8, 12, 16, 32], "optimizer.weight_decay": [0.0, 0.01], "seed": [0, 1, 2]})
+        with_summary(fixed, study_name="dd_fixed", study_storage=storage)
+    return load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False)
+
+
+def test_a_fixed_arm_counts_only_runs_that_trained_the_whole_budget(tmp_path):
+    """Review findings (2026-11-28): the fixed arm's own runs were never checked for reaching the cap, so its sweep
+    launched with the convergence rule still on, or cut by max_steps, printed the convergence arm's verdict under
+    the fixed arm's name."""
+    main, conv = two_arms(tmp_path / "a")
+    assert [t.verdict for t in design.peak_tests(design.with_capped(main, conv), 0.015, 0.05)] == ["reproduced"] * 2
+    main, conv = two_arms(tmp_path / "b", fixed_rule=20, fixed_reason="converged", fixed_epochs=120)
+    with pytest.raises(ValueError, match=r"stop by convergence \(trainer.converge_epochs = 20\).*"
+                                         r"trainer.converge_epochs=null"):
+        design.with_capped(main, conv)
+    main, conv = two_arms(tmp_path / "c", fixed_reason="max_steps", fixed_epochs=150)
+    verdicts = [t.verdict for t in design.peak_tests(design.with_capped(main, conv), 0.015, 0.05)]
+    assert verdicts == ["inconclusive (grid unfinished: 15 of 27 runs finished, 12 ended early)"] * 2
+
+
+def test_a_declared_curve_with_no_run_yet_is_a_row_of_the_test_not_left_out(tmp_path):
+    """Review finding (2026-11-28): the ViT's fixed arm, its first runs all at weight decay 0.01, printed one curve
+    named "label_noise.p=0.2" and took no capped run of the weight-decay-0 arm its study declared; a main run whose
+    second weight decay had not begun read as a test of one curve."""
+    main, conv = two_arms(tmp_path / "a", fixed_wds=(0.01,))
+    tests = {t.curve: t.verdict for t in design.peak_tests(design.with_capped(main, conv), 0.015, 0.05)}
+    assert tests == {"optimizer.weight_decay=0.0, label_noise.p=0.2":
+                     "inconclusive (grid unfinished: 15 of 27 runs finished, 12 ended early)",
+                     "optimizer.weight_decay=0.01, label_noise.p=0.2": "reproduced"}
+    alone = {t.curve: t.verdict for t in design.peak_tests(main, 0.015, 0.05)}
+    assert alone["optimizer.weight_decay=0.0, label_noise.p=0.2"] == (
+        "inconclusive (grid unfinished: 0 of 12 runs finished, 12 not started)")
+    assert len(alone) == 2
 
 
 def test_the_test_names_a_curve_whose_runs_trained_at_mixed_precisions(tmp_path):
