@@ -120,7 +120,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     reached the cap under the convergence rule is the fixed-budget run of that cap, and the fixed arm's own sweep
     need train only what the rule ended early. Taken: completed runs stopped by ``max_epochs`` at the same
     ``trainer.max_epochs`` as ``main``'s, in one of ``main``'s curves (the curve keys but the stop rule's); they
-    join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps ``main``'s run.
+    join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps ``main``'s run,
+    and a pair its study declared and has not trained yet stays missing (its sweep will train it).
     The other runs of ``capped`` at pairs ``main`` lacks join too, as not finished (a run the rule ended early gets
     status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
     that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
@@ -158,7 +159,7 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
                          + "; ".join(f"{k} = {sorted(map(str, allowed[k]))} here, "
                                      f"{sorted({str(_norm(v)) for v in capped[k]})} there" for k in keys)
                          + "): pass the convergence arm of the same study, budget and training-set size")
-    held = set(tuples(main, ids))
+    held = set(tuples(main, ids)) | _declared_ids(main, keys, width)  # a pair the arm's sweep declared is its own
     c = same.loc[np.array([i not in held for i in tuples(same, ids)], dtype=bool)]
     differ = _recipe_differences(main, same, c, width, keys)
     if differ:
@@ -178,6 +179,20 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
         c["trainer.converge_epochs"] = main["trainer.converge_epochs"].iloc[0]
     out = pd.concat([main, c], ignore_index=True)
     out.attrs = main.attrs
+    return out
+
+
+def _declared_ids(df: pd.DataFrame, keys: list[str], width: str) -> set[tuple]:
+    """(*curve, width, seed) of every pair the studies of ``df``'s runs declared: each key at its grid's values, or
+    where the grid does not vary it, at the values that study's runs hold."""
+    if not {"study_storage", "study_name"} <= set(df.columns):
+        return set()
+    out = set()
+    for (storage, name), grid in _declared_grids(df).items():
+        runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
+        values = [{_norm(v) for v in (grid.get(k) or runs[k].dropna().unique())} for k in keys]
+        pairs = declared_pairs(grid, runs, width)
+        out |= {(*curve, w, s) for curve in itertools.product(*values) for w, s in pairs}
     return out
 
 
@@ -270,12 +285,14 @@ def expected_pairs(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dic
     return expected
 
 
-def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None) -> str | None:
+def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None,
+               declared: set[tuple[float, float]] = frozenset()) -> str | None:
     """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
     started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
     ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
-    hold, so a seed that reached some widths and not others counts as missing at the others."""
-    expected = expected_pairs(c, width, grids)
+    hold, so a seed that reached some widths and not others counts as missing at the others. ``declared``: pairs
+    a study declared for this curve, whether or not any of its runs is in ``c`` (``_declared_curves``)."""
+    expected = expected_pairs(c, width, grids) | set(declared)
     pairs = list(zip(c[width].astype(float), c[SEED].astype(float), strict=True))
     done = {p for p, st in zip(pairs, c["status"], strict=True) if st == "completed"}
     missing = expected - done
@@ -587,9 +604,10 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     declared = {k for g in grids.values() for k, v in g.items() if k in CURVE_KEYS and k in df and len(v) > 1}
     keys = [*[k for k in CURVE_KEYS if k in curve_keys(df) or k in declared], NOISE]
     done = completed_only(df, "peak_tests").index
+    declared = _declared_curves(df, keys, width, grids)  # a study's curve may hold none of its runs yet
     out = []
     for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
-        missing = unfinished(whole, width, grids)
+        missing = unfinished(whole, width, grids, declared.pop(tuple(_norm(v) for v in np.atleast_1d(key)), set()))
         c = whole[whole.index.isin(done)]
         name = curve_name(keys, key)
         t = center(c, width, tol, rule) if len(c) else np.nan
@@ -613,29 +631,25 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
                             own, detectable, effect, says))
-    out += [PeakTest(name, np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, 0, np.nan, np.nan, effect,
-                     verdict(np.nan, np.nan, np.nan, effect, 0, alpha, missing))
-            for name, missing in _curves_not_begun(df, keys, width, grids)]
+    out += [PeakTest(curve_name(keys, key), np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, 0, np.nan, np.nan,
+                     effect, verdict(np.nan, np.nan, np.nan, effect, 0, alpha,
+                                     f"0 of {len(pairs)} runs finished, {len(pairs)} not started"))
+            for key, pairs in declared.items()]  # declared curves with no run at all
     return out
 
 
-def _curves_not_begun(df: pd.DataFrame, keys: list[str], width: str, grids: dict[tuple[str, str], dict]
-                      ) -> list[tuple[str, str]]:
-    """(curve name, what is missing) for each curve a study declared (its grid's values of ``keys``; a key its grid
-    does not vary, at the values its runs hold) that has no run yet: a weight-decay arm not begun is a missing half
-    of the declared test, not a test with one curve."""
+def _declared_curves(df: pd.DataFrame, keys: list[str], width: str, grids: dict[tuple[str, str], dict]
+                     ) -> dict[tuple, set[tuple[float, float]]]:
+    """Each curve the studies of ``df``'s runs declared (the grid's values of ``keys``; a key the grid does not vary,
+    at the values that study's runs hold) -> the (width, seed) pairs declared for it."""
     if not grids or not {"study_storage", "study_name"} <= set(df.columns):
-        return []
-    have = {tuple(_norm(v) for v in row) for row in df[keys].itertuples(index=False, name=None)}
-    out = []
+        return {}
+    out: dict[tuple, set[tuple[float, float]]] = {}
     for (storage, name), grid in grids.items():
         runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
         values = [sorted({_norm(v) for v in (grid.get(k) or runs[k].dropna().unique())}, key=str) for k in keys]
-        n = len(declared_pairs(grid, runs, width))
         for combo in itertools.product(*values):
-            if combo not in have:
-                have.add(combo)
-                out.append((curve_name(keys, combo), f"0 of {n} runs finished, {n} not started"))
+            out.setdefault(combo, set()).update(declared_pairs(grid, runs, width))
     return out
 
 
