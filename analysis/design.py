@@ -132,7 +132,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     if len(budget) != 1:
         raise ValueError("a fixed-budget arm has one trainer.max_epochs; these runs have "
                          f"{sorted(budget) or 'none'}: pass one arm's sweep dirs")
-    rule = main["trainer.converge_epochs"].dropna().unique() if "trainer.converge_epochs" in main else []
+    rule = [v for v in (main["trainer.converge_epochs"].dropna().unique() if "trainer.converge_epochs" in main else [])
+            if v]  # 0 and null both leave the rule off (src/stop_rules.py)
     if len(rule):
         raise ValueError("the fixed-budget arm's runs stop by convergence (trainer.converge_epochs = "
                          f"{', '.join(f'{float(v):g}' for v in sorted(rule))}): a fixed budget is the run with "
@@ -151,7 +152,7 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     allowed = {k: set(main[k].map(_norm)) for k in keys}
     for grid in _declared_grids(main).values():
         for k in keys:
-            allowed[k] |= {_norm(v) for v in grid.get(k, ())}
+            allowed[k] |= grid_values(grid, k, main.iloc[:0])
     same = capped.loc[np.array([all(v in allowed[k] for k, v in zip(keys, t, strict=True))
                                 for t in tuples(capped, keys)], dtype=bool)]
     if not len(same):
@@ -178,7 +179,9 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     if "trainer.converge_epochs" in main:
         c["trainer.converge_epochs"] = main["trainer.converge_epochs"].iloc[0]
     out = pd.concat([main, c], ignore_index=True)
-    out.attrs = main.attrs
+    own = set(zip(main.get("study_storage", []), main.get("study_name", []), strict=True))
+    borrowed = set(zip(c.get("study_storage", []), c.get("study_name", []), strict=True)) - own
+    out.attrs = {**main.attrs, "borrowed_studies": sorted(borrowed, key=str)}  # their grids declare no curve here
     return out
 
 
@@ -190,7 +193,7 @@ def _declared_ids(df: pd.DataFrame, keys: list[str], width: str) -> set[tuple]:
     out = set()
     for (storage, name), grid in _declared_grids(df).items():
         runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
-        values = [{_norm(v) for v in (grid.get(k) or runs[k].dropna().unique())} for k in keys]
+        values = [grid_values(grid, k, runs) for k in keys]
         pairs = declared_pairs(grid, runs, width)
         out |= {(*curve, w, s) for curve in itertools.product(*values) for w, s in pairs}
     return out
@@ -263,6 +266,31 @@ def _declared_grids(df: pd.DataFrame) -> dict[tuple[str, str], dict]:
         if grid:
             out[(storage, name)] = grid
     return out
+
+
+def grid_values(grid: dict, key: str, runs: pd.DataFrame) -> set:
+    """The values (``_norm``-spelled) a study's declared ``grid`` gives ``key``: its own entry; for ``label_noise.p``
+    the ``p`` of each ``label_noise`` group it chose (conf/label_noise/<name>.yaml); where it declares neither, the
+    values its ``runs`` hold (a null one too: ``dataset.n_train: null`` is the whole training set)."""
+    if grid.get(key):
+        return {_norm(v) for v in grid[key]}
+    if key == NOISE and grid.get("label_noise"):
+        return {_norm(_noise_p(g)) for g in grid["label_noise"]}
+    return {_norm(v) for v in runs[key]} if key in runs else set()
+
+
+def _noise_p(group: str) -> float:
+    """``p`` of the label_noise config group ``group`` (conf/label_noise/<group>.yaml)."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "label_noise" / f"{group}.yaml"
+    try:
+        return float(yaml.safe_load(path.read_text())["p"])
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the grid declares label_noise={group}, whose p cannot be read from {path} ({e}): "
+                         "run the analysis from the checkout the study ran from") from e
 
 
 def declared_pairs(grid: dict, runs: pd.DataFrame, width: str) -> set[tuple[float, float]]:
@@ -601,10 +629,12 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
     one_recipe(df, width, grids)
-    declared = {k for g in grids.values() for k, v in g.items() if k in CURVE_KEYS and k in df and len(v) > 1}
-    keys = [*[k for k in CURVE_KEYS if k in curve_keys(df) or k in declared], NOISE]
+    borrowed = {tuple(b) for b in df.attrs.get("borrowed_studies", ())}  # with_capped's other arm
+    own = {k: g for k, g in grids.items() if k not in borrowed}
+    varied = {k for g in own.values() for k, v in g.items() if k in CURVE_KEYS and k in df and len(v) > 1}
+    keys = [*[k for k in CURVE_KEYS if k in curve_keys(df) or k in varied], NOISE]
     done = completed_only(df, "peak_tests").index
-    declared = _declared_curves(df, keys, width, grids)  # a study's curve may hold none of its runs yet
+    declared = _declared_curves(df, keys, width, own)  # a study's curve may hold none of its runs yet
     out = []
     for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
         missing = unfinished(whole, width, grids, declared.pop(tuple(_norm(v) for v in np.atleast_1d(key)), set()))
@@ -647,7 +677,7 @@ def _declared_curves(df: pd.DataFrame, keys: list[str], width: str, grids: dict[
     out: dict[tuple, set[tuple[float, float]]] = {}
     for (storage, name), grid in grids.items():
         runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
-        values = [sorted({_norm(v) for v in (grid.get(k) or runs[k].dropna().unique())}, key=str) for k in keys]
+        values = [sorted(grid_values(grid, k, runs), key=str) for k in keys]
         for combo in itertools.product(*values):
             out.setdefault(combo, set()).update(declared_pairs(grid, runs, width))
     return out

@@ -468,6 +468,87 @@ def test_a_declared_curve_with_no_run_yet_is_a_row_of_the_test_not_left_out(tmp_
     assert len(alone) == 2
 
 
+def declare(root, name, grid):
+    """Runs of ``root`` in an Optuna study that declared ``grid`` (as the sweeper records it)."""
+    import optuna
+
+    storage = f"sqlite:///{root / 'optuna.db'}"
+    study = optuna.create_study(study_name=name, storage=storage)
+    study._storage.set_study_system_attr(study._study_id, "vitsweep:grid", grid)
+    with_summary(root, study_name=name, study_storage=storage)
+
+
+def test_a_declared_noise_level_with_no_run_yet_is_a_row_of_the_test(tmp_path):
+    """Review finding (2026-11-28): the sweeper declares noise as the group name (CIFAR-10: label_noise ['none',
+    'p20']); with only the p20 runs begun, the test prints one curve and its verdict, and the declared noise-free curve
+    has no row (a weight decay not begun gets one)."""
+    rng = np.random.default_rng(0)
+    for s in range(3):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            write_run(tmp_path, s * 100 + w, cnn_config(s, w, 0.05, 8192, noise=0.2),
+                      {"status": "completed", "stop_reason": "max_epochs", "epochs": 300, "train_error": train,
+                       "test_error": test + rng.normal(0, 0.01)})
+    declare(tmp_path, "dd", {"model.width": WIDTHS, "label_noise": ["none", "p20"], "seed": [0, 1, 2]})
+    tests = design.peak_tests(load_runs(tmp_path, optuna_state=False), 0.015, 0.05)
+    assert len(tests) == 2, [(t.curve, t.verdict) for t in tests]
+
+
+def test_the_convergence_studys_grid_adds_no_curve_to_the_fixed_arm(tmp_path):
+    """Review finding (2026-11-28): the fixed arm declared weight decay 0.01 only; the convergence arm's study declared
+    0 and 0.01. Its capped runs carry its study, so peak_tests' _declared_curves reads its grid and adds a row for
+    weight decay 0, a curve the fixed arm never declared and with_capped took no run of: 'grid unfinished' for ever."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    rng = np.random.default_rng(0)
+    n = 0
+    for wd in (0.0, 0.01):
+        for s in range(3):
+            for w in WIDTHS:
+                n += 1
+                train, test = curve(w, 8)
+                cfg = {**cnn_config(s, w, 0.05, 8192), "optimizer": {"lr": 0.05, "weight_decay": wd}}
+                early = w >= 8
+                summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
+                           "epochs": 120 if early else 300, "train_error": train,
+                           "test_error": test + rng.normal(0, 0.01)}
+                write_run(conv, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+                if early and wd == 0.01:
+                    write_run(fixed, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
+                              {**summary, "stop_reason": "max_epochs", "epochs": 300})
+    declare(conv, "dd", {"model.width": WIDTHS, "optimizer.weight_decay": [0.0, 0.01], "seed": [0, 1, 2]})
+    declare(fixed, "dd_fixed", {"model.width": [8, 12, 16, 32], "optimizer.weight_decay": [0.01], "seed": [0, 1, 2]})
+    both = design.with_capped(load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False))
+    tests = {t.curve: t.verdict for t in design.peak_tests(both, 0.015, 0.05)}
+    assert list(tests.values()) == ["reproduced"], tests
+
+
+def test_a_pair_the_fixed_arm_declared_stays_missing_when_a_curve_key_is_null(tmp_path):
+    """Review finding (2026-11-28): dataset.n_train: null (the whole training set, the config's default) makes
+    _declared_ids empty (its product takes a key the grid does not declare at runs[k].dropna() values: none), so the
+    convergence arm's capped run fills a pair the fixed arm declared and has not trained, and the test prints
+    'reproduced'."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    rng = np.random.default_rng(0)
+    n = 0
+    for s in range(3):
+        for w in WIDTHS:
+            n += 1
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, None)
+            early = w >= 8 and not (w == 8 and s == 0)  # (8, 0) ran to the cap in the convergence arm too
+            summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
+                       "epochs": 120 if early else 300, "train_error": train,
+                       "test_error": test + rng.normal(0, 0.01)}
+            write_run(conv, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if w >= 8 and (w, s) != (8, 0):  # the fixed arm's sweep has not trained (8, 0) yet
+                write_run(fixed, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
+                          {**summary, "stop_reason": "max_epochs", "epochs": 300})
+    declare(fixed, "dd_fixed", {"model.width": [8, 12, 16, 32], "seed": [0, 1, 2]})
+    both = design.with_capped(load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False))
+    (t,) = design.peak_tests(both, 0.015, 0.05)
+    assert t.verdict == "inconclusive (grid unfinished: 26 of 27 runs finished, 1 not started)"
+
+
 def test_the_test_names_a_curve_whose_runs_trained_at_mixed_precisions(tmp_path):
     """precision=auto times its candidates at each start, so one grid can mix fp32 and bf16 runs (the MNIST CNN's
     main run: 7 of 40 fp32); the test's output says so instead of treating the grid as one recipe silently."""
