@@ -733,7 +733,9 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
     ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
      ["records/main", "records/main_seed6"], None),
     *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], "critical", f"{grid}/declared_test.md", [],
-       0.03) for grid in ("main_gpu", "main_bf16")]]
+       0.03) for grid in ("main_gpu", "main_bf16")],
+    ("double_descent_vit", ["records/fixed_bf16"], ["records/pilot_gpu"], "critical", "fixed_bf16/declared_test.md",
+     ["records/main_bf16"], 0.03)]
 
 
 @pytest.mark.parametrize("study, main, pilot, center, name, capped, effect", DECLARED_TESTS)
