@@ -399,11 +399,10 @@ def test_a_fixed_budget_arm_whose_runs_so_far_share_one_width_reads_its_widths_f
 
 
 def two_arms(tmp_path, fixed_wds=(0.0, 0.01), fixed_rule=None, fixed_reason="max_epochs", fixed_epochs=300,
-             declare=True):
+             fixed_grid_wds=(0.0, 0.01), conv_grid=None):
     """A convergence arm (every width, 3 seeds, weight decays 0 and 0.01; widths >= 8 converged early) and a fixed
-    arm's sweep that trained widths >= 8 of ``fixed_wds``, its study declaring both weight decays (``declare``)."""
-    import optuna
-
+    arm's sweep that trained widths >= 8 of ``fixed_wds``, its study declaring the weight decays ``fixed_grid_wds``
+    (the convergence arm's study declares ``conv_grid``, or nothing)."""
     conv, fixed = tmp_path / "conv", tmp_path / "fixed"
     rng = np.random.default_rng(0)
     n = 0
@@ -421,12 +420,10 @@ def two_arms(tmp_path, fixed_wds=(0.0, 0.01), fixed_rule=None, fixed_reason="max
                 if early and wd in fixed_wds:
                     write_run(fixed, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": fixed_rule}},
                               {**summary, "stop_reason": fixed_reason, "epochs": fixed_epochs})
-    if declare:
-        storage = f"sqlite:///{fixed / 'optuna.db'}"
-        study = optuna.create_study(study_name="dd_fixed", storage=storage)
-        study._storage.set_study_system_attr(study._study_id, "vitsweep:grid", {
-            "model.width": [8, 12, 16, 32], "optimizer.weight_decay": [0.0, 0.01], "seed": [0, 1, 2]})
-        with_summary(fixed, study_name="dd_fixed", study_storage=storage)
+    declare(fixed, "dd_fixed", {"model.width": [8, 12, 16, 32], "optimizer.weight_decay": list(fixed_grid_wds),
+                                "seed": [0, 1, 2]})
+    if conv_grid:
+        declare(conv, "dd", conv_grid)
     return load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False)
 
 
@@ -498,26 +495,9 @@ def test_the_convergence_studys_grid_adds_no_curve_to_the_fixed_arm(tmp_path):
     """Review finding (2026-11-28): the fixed arm declared weight decay 0.01 only; the convergence arm's study declared
     0 and 0.01. Its capped runs carry its study, so peak_tests' _declared_curves reads its grid and adds a row for
     weight decay 0, a curve the fixed arm never declared and with_capped took no run of: 'grid unfinished' for ever."""
-    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
-    rng = np.random.default_rng(0)
-    n = 0
-    for wd in (0.0, 0.01):
-        for s in range(3):
-            for w in WIDTHS:
-                n += 1
-                train, test = curve(w, 8)
-                cfg = {**cnn_config(s, w, 0.05, 8192), "optimizer": {"lr": 0.05, "weight_decay": wd}}
-                early = w >= 8
-                summary = {"status": "completed", "stop_reason": "converged" if early else "max_epochs",
-                           "epochs": 120 if early else 300, "train_error": train,
-                           "test_error": test + rng.normal(0, 0.01)}
-                write_run(conv, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
-                if early and wd == 0.01:
-                    write_run(fixed, n, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
-                              {**summary, "stop_reason": "max_epochs", "epochs": 300})
-    declare(conv, "dd", {"model.width": WIDTHS, "optimizer.weight_decay": [0.0, 0.01], "seed": [0, 1, 2]})
-    declare(fixed, "dd_fixed", {"model.width": [8, 12, 16, 32], "optimizer.weight_decay": [0.01], "seed": [0, 1, 2]})
-    both = design.with_capped(load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False))
+    main, conv = two_arms(tmp_path, fixed_wds=(0.01,), fixed_grid_wds=(0.01,),
+                          conv_grid={"model.width": WIDTHS, "optimizer.weight_decay": [0.0, 0.01], "seed": [0, 1, 2]})
+    both = design.with_capped(main, conv)
     tests = {t.curve: t.verdict for t in design.peak_tests(both, 0.015, 0.05)}
     assert list(tests.values()) == ["reproduced"], tests
 
