@@ -150,7 +150,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
 
     # the arm's curves: each key at the values its runs hold or its study declared (a weight decay not begun yet)
     allowed = {k: set(main[k].map(_norm)) for k in keys}
-    for grid in _declared_grids(main).values():
+    grids = _declared_grids(main)  # read once: the storage is opened per study
+    for grid in grids.values():
         for k in keys:
             allowed[k] |= grid_values(grid, k, main.iloc[:0])
     same = capped.loc[np.array([all(v in allowed[k] for k, v in zip(keys, t, strict=True))
@@ -160,7 +161,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
                          + "; ".join(f"{k} = {sorted(map(str, allowed[k]))} here, "
                                      f"{sorted({str(_norm(v)) for v in capped[k]})} there" for k in keys)
                          + "): pass the convergence arm of the same study, budget and training-set size")
-    held = set(tuples(main, ids)) | _declared_ids(main, keys, width)  # a pair the arm's sweep declared is its own
+    declared = _declared_curves(main, keys, width, grids)  # a pair the arm's sweep declared is its own
+    held = set(tuples(main, ids)) | {(*curve, w, s) for curve, pairs in declared.items() for w, s in pairs}
     c = same.loc[np.array([i not in held for i in tuples(same, ids)], dtype=bool)]
     differ = _recipe_differences(main, same, c, width, keys)
     if differ:
@@ -182,20 +184,6 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     own = set(zip(main.get("study_storage", []), main.get("study_name", []), strict=True))
     borrowed = set(zip(c.get("study_storage", []), c.get("study_name", []), strict=True)) - own
     out.attrs = {**main.attrs, "borrowed_studies": sorted(borrowed, key=str)}  # their grids declare no curve here
-    return out
-
-
-def _declared_ids(df: pd.DataFrame, keys: list[str], width: str) -> set[tuple]:
-    """(*curve, width, seed) of every pair the studies of ``df``'s runs declared: each key at its grid's values, or
-    where the grid does not vary it, at the values that study's runs hold."""
-    if not {"study_storage", "study_name"} <= set(df.columns):
-        return set()
-    out = set()
-    for (storage, name), grid in _declared_grids(df).items():
-        runs = df[(df["study_storage"] == storage) & (df["study_name"] == name)]
-        values = [grid_values(grid, k, runs) for k in keys]
-        pairs = declared_pairs(grid, runs, width)
-        out |= {(*curve, w, s) for curve in itertools.product(*values) for w, s in pairs}
     return out
 
 
