@@ -106,9 +106,17 @@ def find_peak(w: np.ndarray, test: np.ndarray, interp: float, window: float = 4.
 
 def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float) -> dict:
     c = c.sort_values(width)
-    w, test = c[width].to_numpy(float), c["test_mean"].to_numpy(float)
     fits = c["train_mean"].to_numpy() <= tol
-    interp = w[fits.argmax()] if fits.any() else np.nan
+    interp = c[width].to_numpy(float)[fits.argmax()] if fits.any() else np.nan
+    final = float(c["test_mean"].iloc[-1])
+    c = c[c["n_seeds"] > 0]  # the test-error side reads the widths with a scored run only
+    w, test = c[width].to_numpy(float), c["test_mean"].to_numpy(float)
+    if not len(c):
+        return {"interpolation_width": interp, "window_lo": interp / window, "window_hi": interp * window,
+                "peak_width": np.nan, "peak_test_error": np.nan, "peak_height": np.nan, "peak_z": np.nan,
+                "peak_stalled_seeds": 0, "peak_significant": False, "pooled_test_sd": np.nan,
+                "min_test_error_before_peak": np.nan, "final_test_error": final,
+                "best_width": np.nan, "best_test_error": np.nan}
     peak, height = find_peak(w, test, interp, window)
     sd, dof = _pooled_sd(c)
     n = float(c["n_seeds"].min())
@@ -126,7 +134,7 @@ def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float) -> di
         "peak_significant": bool(np.isfinite(z) and z > stats.t.ppf(0.975, dof) and stuck == 0),
         "pooled_test_sd": sd,
         "min_test_error_before_peak": test[:peak].min() if peak is not None else np.nan,
-        "final_test_error": test[-1],
+        "final_test_error": final,
         "best_width": w[best], "best_test_error": test[best],
     }
 

@@ -186,7 +186,10 @@ def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
 
 
 def _learning_curves(rep: Report, runs: pd.DataFrame, varied: list[str], n_boot: int) -> None:
-    x = "n_train" if "n_train" in runs and runs["n_train"].notna().all() else "dataset.n_train"
+    # the images trained on, as each finished run's summary records them (a running job has no summary yet, and
+    # `dataset.n_train` is null for "the whole training set": choosing x from every run would drop that size)
+    done = runs[runs["status"] == "completed"] if "status" in runs else runs
+    x = "n_train" if "n_train" in done and len(done) and done["n_train"].notna().all() else "dataset.n_train"
     by = [k for k in varied if k != "dataset.n_train"]
     rep.add("## Learning curves", "", "`test_error ≈ prefactor · n^alpha`, least squares in log-log on the "
             f"geometric mean over seeds (n = `{x}`, images trained on); alpha_lo/alpha_hi: 95% t-interval over "

@@ -38,7 +38,8 @@ def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
 def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | None = None,
                   status: str | None = "completed") -> pd.DataFrame:
     """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``
-    (runs repeating a seed of one setting are averaged first and count once), and per flag in ``FLAGS`` that the
+    (runs repeating a seed of one setting are averaged first and count once), ``<metric>_count`` for a metric that
+    some seeds lack (its mean and std are over that many), and per flag in ``FLAGS`` that the
     runs carry, ``n_<flag>``: how many of those seeds' runs have it (stalled runs are results and are in the means).
     """
     by = [by] if isinstance(by, str) else list(by)
@@ -53,6 +54,10 @@ def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | No
     out = g[metrics].agg(["mean", "std"])
     out.columns = [f"{m}_{stat}" for m, stat in out.columns]
     out["n_seeds"] = g.size()
+    for m in metrics:  # a metric some seeds lack: its mean and std are over fewer seeds, and the table says so
+        held = g[m].count()
+        if (held < out["n_seeds"]).any():
+            out[f"{m}_count"] = held
     for f in flags:
         out[f"n_{f}"] = g[f].agg(lambda v: int((v > 0).sum()))
     return out.reset_index()
@@ -76,13 +81,15 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     counts as they are."""
     metrics = [c[: -len("_mean")] for c in table.columns if c.endswith("_mean")]
     counts = ["n_seeds", *(f"n_{f}" for f in FLAGS)]
-    keys = [c for c in table.columns if not c.endswith(("_mean", "_std")) and c not in counts]
+    keys = [c for c in table.columns if not c.endswith(("_mean", "_std", "_count")) and c not in counts]
     out = table[keys].copy()
     for m in metrics:
         header, kind = METRICS.get(m, (m, "num"))
         mean, std = table[f"{m}_mean"], table[f"{m}_std"]
+        held = table[f"{m}_count"] if f"{m}_count" in table else table["n_seeds"]
         out[header] = [format_value(a, kind) + (f" ± {format_value(b, kind)}" if np.isfinite(b) else "")
-                       for a, b in zip(mean, std, strict=True)]
+                       + (f" ({k} of {n} seeds)" if k < n else "")
+                       for a, b, k, n in zip(mean, std, held, table["n_seeds"], strict=True)]
     out["seeds"] = table["n_seeds"]
     for f, header in FLAGS.items():
         if f"n_{f}" in table:

@@ -941,3 +941,91 @@ def test_tables_count_the_runs_that_ended_at_their_cap_under_a_convergence_rule(
     plain = tmp_path / "plain"
     write_run(plain, 0, config(0), summary(0.2, seed=0))
     assert "capped" not in load_runs([plain]).columns
+
+
+def test_a_running_job_does_not_drop_the_whole_training_set_size_from_the_report_fit(tmp_path):
+    """A job with no summary.json yet has no `n_train`; the fit's x must still be the images trained on, so the
+    size whose config says `n_train: null` (the whole set) stays in the fit (review of 2026-11-29, F1)."""
+    rng = np.random.default_rng(0)
+    num = 0
+    for n in (500, 1000, 2000, None):
+        for s in range(3):
+            images = 8000 if n is None else n
+            err = 2 * images**-0.5 * np.exp(0.02 * rng.standard_normal())
+            write_run(tmp_path / "sweep", num, config(s, n_train=n), summary(err, n_train=images, seed=s), history(err))
+            num += 1
+    reference = make_report([tmp_path / "sweep"], tmp_path / "before", n_boot=0)
+    write_run(tmp_path / "sweep", num, config(3, n_train=500), None, history(0.3, epochs=1))  # still running
+    files = make_report([tmp_path / "sweep"], tmp_path / "after", n_boot=0)
+    [before] = [pd.read_csv(p) for p in reference if p.name == "learning_curve_fits.csv"]
+    [after] = [pd.read_csv(p) for p in files if p.name == "learning_curve_fits.csv"]
+    assert after.loc[0, "x_max"] == 8000 and after.loc[0, "n_points"] == 4
+    assert after.loc[0, "alpha"] == pytest.approx(before.loc[0, "alpha"])
+
+
+def test_fit_learning_curve_warns_when_completed_runs_have_no_size():
+    df = pd.DataFrame({"dataset.n_train": [100, 200, 400, None] * 2, "seed": [0] * 4 + [1] * 4,
+                       "test_error": [0.3, 0.2, 0.15, 0.05] * 2, "status": "completed"})
+    with pytest.warns(UserWarning, match="2 completed runs have no dataset.n_train"):
+        fit_learning_curve(df, n_boot=0)
+
+
+def _two_models(rng: int = 1) -> pd.DataFrame:
+    g = np.random.default_rng(rng)
+    return pd.DataFrame([{"arch": arch, "dataset.n_train": n, "seed": s, "status": "completed",
+                          "test_error": (a * n**-0.5 + c) * np.exp(0.01 * g.standard_normal())}
+                         for arch, a, c in (("A", 3, 0.20), ("B", 1, 0.0))
+                         for n in (100, 200, 400, 800, 1600, 3200) for s in range(4)])
+
+
+def test_check_offset_on_fits_read_back_from_a_table_judges_each_group_by_its_own_runs(tmp_path):
+    """A table read back from CSV has no attrs: check_offset pooled every group's runs and flagged model A's real
+    floor as "above the measured mean" of A and B together (review of 2026-11-29, F2)."""
+    from analysis.fits import check_offset
+
+    runs = _two_models()
+    fits = fit_learning_curve(runs, by="arch", offset=True, n_boot=20)
+    assert fits.set_index("arch").loc["A", "offset_ok"]
+    fits.to_csv(tmp_path / "fits.csv", index=False)
+    back = pd.read_csv(tmp_path / "fits.csv")
+    with pytest.raises(ValueError, match="pass x, y and by"):
+        check_offset(back, runs)
+    checked = check_offset(back, runs, x="dataset.n_train", y="test_error", by=["arch"])
+    assert checked["offset_ok"].tolist() == fits["offset_ok"].tolist()
+    assert checked["offset_note"].fillna("").tolist() == fits["offset_note"].fillna("").tolist()
+
+
+def test_curve_points_leave_out_runs_that_did_not_complete_like_the_fit():
+    from analysis.fits import curve_points
+
+    rows = [{"dataset.n_train": n, "seed": s, "status": "completed", "test_error": 1 / np.sqrt(n)}
+            for n in (100, 400, 1600) for s in range(3)]
+    rows.append({"dataset.n_train": 1600, "seed": 3, "status": "stopped", "test_error": 0.5})
+    pts = curve_points(pd.DataFrame(rows), "dataset.n_train", "test_error", []).set_index("dataset.n_train")
+    assert pts.loc[1600, "n_seeds"] == 3 and pts.loc[1600, "gmean"] == pytest.approx(0.025)
+
+
+def test_a_width_with_no_scored_run_is_neither_the_best_width_nor_a_crash():
+    """Every run at one width lacks a test error: descent_summary named it the best width (NaN error) or divided by
+    zero seeds (review of 2026-11-29, F8)."""
+    widths = [1, 2, 4, 8, 16, 32, 64]
+    rows = []
+    for w in widths:
+        for s in range(3):
+            test = {1: 0.5, 2: 0.4, 4: 0.35, 8: 0.45, 16: 0.3, 32: 0.25, 64: np.nan}[w] + 0.002 * s
+            rows.append({"model.width": w, "seed": s, "label_noise.p": 0.2, "status": "completed",
+                         "train_error": 0.0 if w >= 8 else 0.2, "test_error": test})
+    curves = descent_curves(pd.DataFrame(rows), width="model.width")
+    out = descent_summary(curves).iloc[0]
+    assert out["best_width"] == 32 and out["best_test_error"] == pytest.approx(0.252)
+    assert out["peak_width"] == 8 and np.isfinite(out["peak_z"])
+
+
+def test_summary_table_counts_the_seeds_that_hold_each_metric():
+    df = pd.DataFrame({"arch": "vit", "seed": range(4), "status": "completed",
+                       "test_acc": [0.9, 0.92, 0.91, np.nan], "wall_s": [1.0, 2.0, 3.0, 4.0]})
+    table = summary_table(df, by="arch", metrics=["test_acc", "wall_s"])
+    assert table.loc[0, "n_seeds"] == 4 and table.loc[0, "test_acc_count"] == 3
+    shown = format_table(table)
+    assert "(3 of 4 seeds)" in shown.filter(like="acc").iloc[0, 0]
+    assert "of 4" not in shown.filter(like="wall").iloc[0, 0]
