@@ -16,6 +16,7 @@ import pandas as pd
 
 from analysis.double_descent import width_column
 from analysis.load import load_history, load_runs
+from analysis.report import varied_keys
 from analysis.tables import to_markdown
 
 
@@ -27,15 +28,18 @@ def by_epoch(sweep_dir: str | Path, epochs: list[int], width: str | None = None)
     width = width or width_column(runs)
     hist = load_history(sweep_dir)
     hist = hist[hist["run_dir"].isin(runs["run_dir"]) & hist["test_error"].notna()]
-    table = (hist[hist["epoch"].isin(epochs)].groupby(["epoch", "label_noise.p", width])["test_error"]
-             .agg(mean="mean", sd="std", seeds="count").reset_index())
+    # every other setting the sweep varied (weight decay, n_train, lr ...) is its own row, never averaged as seeds
+    other = [k for k in varied_keys(runs) if k not in ("label_noise.p", width) and k in hist.columns]
+    table = (hist[hist["epoch"].isin(epochs)].groupby(["epoch", *other, "label_noise.p", width], dropna=False)
+             ["test_error"].agg(mean="mean", sd="std", seeds="count").reset_index())
     parts = []
     for epoch, part in table.groupby("epoch"):
         cell = part.assign(v=[f"{100 * m:.1f} ({n})" for m, n in zip(part["mean"], part["seeds"], strict=True)])
-        wide = cell.pivot(index="label_noise.p", columns=width, values="v").fillna("-")
+        wide = cell.pivot_table(index=[*other, "label_noise.p"], columns=width, values="v", aggfunc="first",
+                                dropna=False).fillna("-")
         wide.columns = [f"{width} {w}" for w in wide.columns]
         parts.append(f"**epoch {epoch}**: test error % (seeds), runs still training\n\n"
-                     + to_markdown(wide.rename_axis("p").reset_index()))
+                     + to_markdown(wide.rename_axis(index={"label_noise.p": "p"}).reset_index()))
     return table, "\n".join(parts)
 
 

@@ -134,12 +134,26 @@ def read_summary(run_dir: Path) -> dict | None:
         return {"status": "unknown"}
 
 
+def _trial_of_run_dir(run_dir: Path):
+    from hydra_plugins.vitsweep_sweeper.protocol import trial_of_run_dir
+
+    try:
+        return trial_of_run_dir(run_dir)
+    except Exception:  # an unreadable Hydra record names no trial
+        return None
+
+
 def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
     row = read_config(run_dir)
     config_cols = list(row)
     summary = read_summary(run_dir)
     if summary is None:
         row["status"] = "running"
+        trial = _trial_of_run_dir(run_dir)  # a job killed before its summary: its trial is in its Hydra record
+        if trial is not None:
+            row.setdefault("study_name", trial.study_name)
+            row.setdefault("trial_number", trial.number)
+            row.setdefault("study_storage", trial.storage)
     else:
         for k, v in summary.items():
             v = tuple(v) if isinstance(v, list) else v
@@ -171,7 +185,8 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
 def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -> pd.DataFrame:
     """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
 
-    Runs without summary.json get status 'running'. Every row gets the flags ``stalled`` and ``low_lr_stop``
+    Runs without summary.json get status 'running' ('failed' when their trial, named by the run's Hydra record, was
+    told FAIL). Every row gets the flags ``stalled`` and ``low_lr_stop``
     (see :func:`result_flags`); a stalled run is a completed result, also when it was written before that contract.
     When a run is an Optuna trial whose storage
     (summary key ``study_storage``; config key ``trial.storage`` in runs written before it) can be opened,
@@ -186,6 +201,8 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     df = result_flags(pd.DataFrame(rows))
     if optuna_state and "study_storage" in df.columns and "study_name" in df.columns:
         df["optuna_state"] = _optuna_states(df)
+        dead = (df["status"] == "running") & (df["optuna_state"] == "FAIL")
+        df.loc[dead, "status"] = "failed"  # no summary, and its trial was told FAIL: not running any more
     df.attrs["config_columns"] = list(config_cols)
     return df
 
@@ -241,9 +258,10 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
                 df.at[i, "objective"] = df.at[i, name]
     df["low_lr_stop"] = df["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in df else False
     rule = "trainer.converge_epochs"
-    if rule in df and df[rule].notna().any():  # a study stopped by convergence: a run at its cap did not converge
+    on = pd.to_numeric(df[rule], errors="coerce").fillna(0) > 0 if rule in df else None  # 0 and null: the rule off
+    if on is not None and on.any():  # a study stopped by convergence: a run at its cap did not converge
         ended = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
-        df["capped"] = (df["status"] == "completed") & df[rule].notna() & ended.isin(["max_epochs", "max_steps"])
+        df["capped"] = (df["status"] == "completed") & on & ended.isin(["max_epochs", "max_steps"])
     return df
 
 
@@ -354,8 +372,10 @@ def load_history(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
 def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLike] | None = None) -> pd.DataFrame:
     """Optuna's trials table joined to the runs (``runs_*`` columns are from load_runs).
 
-    Runs are matched by the trial's user attribute ``run_dir`` when set, else by the summary's
-    ``study_name``/``trial_number``. Runs are read from ``paths``, or else from the run_dir attributes.
+    Runs are matched by the trial's user attribute ``run_dir`` when it names a run read, else by the summary's
+    ``study_name``/``trial_number`` among the runs that record this storage. A run retried in its run dir belongs to
+    the last attempt (the trial that reported it), not to the failed trials before it. Runs are read from ``paths``,
+    or else from the run_dir attributes.
     """
     import optuna
 
@@ -373,13 +393,50 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
             raise ValueError(f"study '{study_name}' has no user attr run_dir; pass paths= (the sweep folder)")
         paths = [p for p in trials["user_attrs_run_dir"].dropna().unique() if Path(p).is_dir()]
     runs = load_runs(paths, optuna_state=False)
-    by_number = {}
-    if "trial_number" in runs.columns:
-        mine = runs[runs["study_name"] == study_name] if "study_name" in runs.columns else runs
-        by_number = {int(n): d for n, d in zip(mine["trial_number"], mine["run_dir"], strict=True) if pd.notna(n)}
+    by_number = _runs_by_number(runs, storage, study_name)
     attr = trials.get("user_attrs_run_dir", pd.Series(None, index=trials.index, dtype=object))
-    key = [str(Path(a).resolve()) if isinstance(a, str) else by_number.get(int(n))
-           for a, n in zip(attr, trials["number"], strict=True)]
+    present = set(runs["run_dir"])
+    key = []
+    for a, n in zip(attr, trials["number"], strict=True):
+        k = str(Path(a).resolve()) if isinstance(a, str) else None
+        key.append(k if k in present else by_number.get(int(n)))  # a stale attribute (a moved folder): the number
+    # a retry runs in its failed trial's run dir: the run is the last attempt's, the one that reported it
+    owner: dict[str, int] = {}
+    for i, k in enumerate(key):
+        if k is not None:
+            owner[k] = i
+    key = [k if k is not None and owner[k] == i else None for i, k in enumerate(key)]
     joined = trials.assign(_key=key).merge(runs.add_prefix("runs_"), how="left", left_on="_key",
                                            right_on="runs_run_dir")
     return joined.drop(columns="_key")
+
+
+def _same_storage(a: object, b: str) -> bool:
+    """Whether a run's recorded storage URL names the storage ``b`` (SQLite and journal files compared as paths)."""
+    if not isinstance(a, str):
+        return False
+    for prefix in ("sqlite:///", "journal:///"):
+        if a.startswith(prefix) and b.startswith(prefix):
+            return Path(a.removeprefix(prefix).split("?", 1)[0]).resolve() == \
+                Path(b.removeprefix(prefix).split("?", 1)[0]).resolve()
+    return a == b
+
+
+def _runs_by_number(runs: pd.DataFrame, storage: str, study_name: str) -> dict[int, str]:
+    """Trial number -> run dir, for the runs of ``study_name`` in ``storage``: the runs recording that storage; when
+    none does (the storage was moved or copied), every run of the study's name, a number two runs claim left unjoined
+    with a warning."""
+    if "trial_number" not in runs.columns:
+        return {}
+    mine = runs[runs["study_name"] == study_name] if "study_name" in runs.columns else runs
+    mine = mine[mine["trial_number"].notna()]
+    if "study_storage" in mine.columns:
+        here = mine["study_storage"].map(lambda a: _same_storage(a, storage))
+        if here.any():
+            mine = mine[here]
+    claimed = mine.groupby("trial_number")["run_dir"].agg(list)
+    twice = {int(n): d for n, d in claimed.items() if len(d) > 1}
+    if twice:
+        warnings.warn(f"load_study: trial numbers {sorted(twice)} of '{study_name}' are claimed by more than one run "
+                      "(two sweeps of one study name under paths?); those trials are left unjoined", stacklevel=3)
+    return {int(n): d[0] for n, d in claimed.items() if len(d) == 1}

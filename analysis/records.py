@@ -4,8 +4,10 @@ report.
 From every run dir under SRC it copies what the analysis reads (``summary.json``, ``metrics.jsonl``,
 ``.hydra/config.yaml``, ``.hydra/overrides.yaml``), ``config.json`` (with the summary, it lets a finished run resumed
 from these records return without its checkpoint) and the sweep's Optuna storage (``optuna.db``), never
-checkpoints, logs or the ``previous-*`` folders a restart moved aside, keeping the folder layout. Each ``--replace``
-rewrites a path prefix in the text records (an absolute ``dataset.root`` or sweep dir of the machine that ran it
+checkpoints, logs or the ``previous-*`` folders a restart moved aside, keeping the folder layout. A storage the
+runs' summaries name by another file name (a custom SQLite file, a journal) is copied too when it lies under SRC; one
+outside SRC, or missing, is named in a warning. Each ``--replace`` rewrites a path prefix (where it ends a path
+component) in the text records (an absolute ``dataset.root`` or sweep dir of the machine that ran it
 becomes one relative to the repository, so the records read the same on any clone). A file that already exists in
 DST is never overwritten: records are moved aside by hand, not replaced by a second copy. ``python -m
 analysis.records DIR --in-place --replace OLD=NEW`` rewrites the paths of records already committed.
@@ -13,6 +15,8 @@ analysis.records DIR --in-place --replace OLD=NEW`` rewrites the paths of record
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -34,16 +38,65 @@ ATTR_TABLES = ("trial_user_attributes", "trial_system_attributes", "study_user_a
                "study_system_attributes")
 
 
+def replace_prefixes(text: str, replace: dict[str, str]) -> str:
+    """``text`` with each path prefix ``OLD`` of ``replace`` rewritten to ``NEW`` where it ends a path component
+    (followed by ``/``, a quote, a space or the end, not by more of a name: ``/x/tune_vit`` leaves
+    ``/x/tune_vit_median`` alone); longer prefixes first."""
+    for old, new in sorted(replace.items(), key=lambda kv: -len(kv[0])):
+        end = "" if old.endswith("/") else r"(?![\w.-])"  # a prefix ending in / ends its component already
+        text = re.sub(re.escape(old) + end, lambda _m, new=new: new, text)
+    return text
+
+
 def _replace_in_storage(db: Path, replace: dict[str, str]) -> None:
-    """Rewrite path prefixes inside an Optuna SQLite storage's attribute values (run dirs, storage URLs)."""
+    """Rewrite path prefixes inside an Optuna SQLite storage's attribute values (run dirs, storage URLs), compared as
+    the decoded strings (a non-ASCII path is stored JSON-escaped)."""
     import sqlite3
 
     with sqlite3.connect(db) as con:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         for table in ATTR_TABLES:
-            if table in tables:
-                for old, new in replace.items():
-                    con.execute(f"UPDATE {table} SET value_json = replace(value_json, ?, ?)", (old, new))
+            if table not in tables:
+                continue
+            rows = con.execute(f"SELECT rowid, value_json FROM {table}").fetchall()
+            for rowid, value in rows:
+                try:
+                    decoded = json.loads(value)
+                except (TypeError, json.JSONDecodeError):
+                    continue
+                if isinstance(decoded, str):
+                    new = replace_prefixes(decoded, replace)
+                    if new != decoded:
+                        con.execute(f"UPDATE {table} SET value_json = ? WHERE rowid = ?", (json.dumps(new), rowid))
+
+
+def _storage_file(url: object) -> Path | None:
+    """The local file of an Optuna storage URL (SQLite, journal), or None."""
+    if not isinstance(url, str):
+        return None
+    for prefix in ("sqlite:///", "journal://"):
+        if url.startswith(prefix):
+            return Path(url.removeprefix(prefix).split("?", 1)[0])
+    return None
+
+
+def _storages_named(src: Path) -> set[Path]:
+    """The storage files the summaries under ``src`` name (a study's storage need not be called optuna.db)."""
+    found = set()
+    for summary in src.rglob("summary.json"):
+        try:
+            url = json.loads(summary.read_text()).get("study_storage")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        path = _storage_file(url)
+        if path is not None:
+            found.add(path)
+    return found
+
+
+def _is_sqlite(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
 
 
 def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | None = None) -> list[Path]:
@@ -52,20 +105,25 @@ def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | Non
     if not src.is_dir():
         raise SystemExit(f"{src}: no such sweep or run folder")
     replace = dict(sorted((replace or {}).items(), key=lambda kv: -len(kv[0])))  # longer prefixes first
+    storages = {p.resolve() for p in _storages_named(src) if p.is_file()}
+    for missing in sorted(p for p in _storages_named(src) if p.resolve() not in storages):
+        print(f"warning: the runs under {src} name the Optuna storage {missing}, which does not exist here: the "
+              "records will carry no trial states nor declared grid")
+    inside = {p for p in storages if p.is_relative_to(src.resolve())}
+    for outside in sorted(storages - inside):
+        print(f"warning: the Optuna storage {outside} lies outside {src} and is not copied: copy it beside the records "
+              "by hand (and --replace its path) to keep the trial states and the declared grid")
     written = []
-    for path in sorted(p for p in src.rglob("*") if p.is_file() and _is_record(p)):
+    for path in sorted(p for p in src.rglob("*") if p.is_file() and (_is_record(p) or p.resolve() in inside)):
         out = dst / path.relative_to(src)
         if out.exists():
             raise SystemExit(f"{out} exists: records are never overwritten (move the old folder aside first)")
         out.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".db":
+        if path.name in SWEEP_FILES or (path.resolve() in inside and _is_sqlite(path)):
             shutil.copy2(path, out)
             _replace_in_storage(out, replace)
-        else:
-            text = path.read_text()
-            for old, new in replace.items():
-                text = text.replace(old, new)
-            out.write_text(text)
+        else:  # a text record, or a journal storage (JSON lines)
+            out.write_text(replace_prefixes(path.read_text(), replace))
         written.append(out)
     return written
 
@@ -78,16 +136,14 @@ def rewrite_paths(root: str | Path, replace: dict[str, str]) -> list[Path]:
     for path in sorted(Path(root).rglob("*")):
         if not path.is_file():
             continue
-        if path.name in SWEEP_FILES:
+        if path.name in SWEEP_FILES or (path.suffix == ".db" and _is_sqlite(path)):
             before = path.read_bytes()
             _replace_in_storage(path, order)
             if path.read_bytes() != before:
                 changed.append(path)
         elif path.suffix in (".yaml", ".json", ".jsonl"):
             text = path.read_text()
-            new = text
-            for old, rel in order.items():
-                new = new.replace(old, rel)
+            new = replace_prefixes(text, order)
             if new != text:
                 path.write_text(new)
                 changed.append(path)

@@ -1029,3 +1029,127 @@ def test_summary_table_counts_the_seeds_that_hold_each_metric():
     shown = format_table(table)
     assert "(3 of 4 seeds)" in shown.filter(like="acc").iloc[0, 0]
     assert "of 4" not in shown.filter(like="wall").iloc[0, 0]
+
+
+def _sweep_with_storage(root: Path, name: str, done: int, running: int, err: float):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    root.mkdir(parents=True)
+    storage = f"sqlite:///{root / 'study.db'}"
+    study = optuna.create_study(study_name=name, storage=storage)
+    for i in range(done + running):
+        trial = study.ask()
+        s = summary(err + i / 100, study_name=name, trial_number=trial.number, study_storage=storage)
+        run = write_run(root, i, config(i), s if i < done else None)
+        if i < done:
+            trial.set_user_attr("run_dir", str(run))
+            study.tell(trial, err + i / 100)
+    return storage, study
+
+
+def test_load_study_gives_a_retried_run_to_the_trial_that_reported_it_only(tmp_path):
+    """A retry runs in its failed trial's run dir: the FAIL trial was joined to the retry's result too, and one run
+    on disk became two completed rows (review 2026-11-29, F1)."""
+    from optuna.trial import TrialState, create_trial
+
+    storage, study = _sweep_with_storage(tmp_path / "sweep", "r", 0, 0, 0.1)
+    for with_attr in (True, False):
+        first = study.ask()
+        run = write_run(tmp_path / "sweep", first.number, config(0),
+                        summary(0.1, study_name="r", trial_number=first.number, study_storage=storage))
+        if with_attr:
+            first.set_user_attr("run_dir", str(run))
+        study.tell(first, state=TrialState.FAIL)
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.1,
+                                     user_attrs={"retry_of": first.number, "run_dir": str(run)}))
+    t = load_study(storage, "r", paths=tmp_path / "sweep")
+    assert list(t["state"]) == ["FAIL", "COMPLETE", "FAIL", "COMPLETE"]
+    assert t["runs_status"].isna().tolist() == [True, False, True, False]
+
+
+def test_load_study_joins_by_trial_number_within_its_own_storage(tmp_path):
+    """Two sweeps of one study name, each with its own storage, read from their parent folder: a RUNNING trial with no
+    run_dir attribute was joined to the other sweep's run of its number (review 2026-11-29, F2)."""
+    a, _ = _sweep_with_storage(tmp_path / "A", "s", 1, 1, 0.5)
+    _sweep_with_storage(tmp_path / "B", "s", 2, 0, 0.1)
+    t = load_study(a, "s", paths=tmp_path).set_index("number")
+    assert t.loc[0, "runs_test_error"] == pytest.approx(0.5)
+    assert t.loc[1, "state"] == "RUNNING" and pd.isna(t.loc[1, "runs_status"])  # its run has no summary yet
+
+
+def test_load_study_falls_back_to_the_trial_number_when_a_run_dir_attribute_is_stale(tmp_path):
+    """The sweep folder moved (or records read from another cwd): every trial's run_dir attribute names a folder no
+    longer there, and every result came back NaN without a word (review 2026-11-29, F3)."""
+    import shutil
+
+    storage, _ = _sweep_with_storage(tmp_path / "old", "s", 3, 0, 0.1)
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    moved = f"sqlite:///{tmp_path / 'new' / 'study.db'}"
+    t = load_study(moved, "s", paths=tmp_path / "new")
+    assert list(t["runs_test_error"]) == pytest.approx([0.1, 0.11, 0.12])
+
+
+def test_a_fixed_budget_run_with_the_convergence_rule_at_0_is_not_capped(tmp_path):
+    """converge_epochs 0 is the rule off (the trainer and analysis.design read it so); `capped` took it for a rule
+    and counted every fixed-budget run as one that did not converge (review 2026-11-29, F5)."""
+    from analysis.load import result_flags
+
+    df = pd.DataFrame({"status": "completed", "stop_reason": "max_epochs", "trainer.converge_epochs": [0, None, 20]})
+    assert result_flags(df)["capped"].tolist() == [False, False, True]
+
+
+def test_a_killed_run_with_no_summary_shows_its_trials_state(tmp_path):
+    """A job killed before its summary: the run read 'running' with no Optuna state forever, though its trial was told
+    FAIL and its Hydra record names the trial (review 2026-11-29, F4)."""
+    from optuna.trial import TrialState
+
+    storage, study = _sweep_with_storage(tmp_path / "sweep", "k", 1, 0, 0.1)
+    trial = study.ask()
+    run = write_run(tmp_path / "sweep", 1, config(1), None, history(0.3, epochs=1))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": 1, "env_set": {
+        "VITSWEEP_TRIAL_STUDY": "k", "VITSWEEP_TRIAL_NUMBER": str(trial.number),
+        "VITSWEEP_TRIAL_STORAGE": storage}}}}))
+    study.tell(trial, state=TrialState.FAIL)
+    runs = load_runs(tmp_path / "sweep").set_index("trial_number")
+    assert runs.loc[1, "optuna_state"] == "FAIL" and runs.loc[1, "status"] == "failed"
+    assert runs.loc[0, "optuna_state"] == "COMPLETE"
+
+
+def test_by_epoch_keeps_settings_apart_that_the_sweep_varied_besides_noise_and_width(tmp_path):
+    """Two weight decays in one sweep were averaged into one cell whose `seeds` counted both (review 2026-11-29, F6)."""
+    from analysis.by_epoch import by_epoch
+
+    num = 0
+    for wd, err in ((0.0, 0.1), (0.1, 0.4)):
+        for w in (8, 16):
+            for s in range(2):
+                cfg = config(s, width=w)
+                cfg["optimizer"]["weight_decay"] = wd
+                write_run(tmp_path, num, cfg, summary(err), [{**h, "test_error": err} for h in history(err)])
+                num += 1
+    table, md = by_epoch(tmp_path, [3])
+    assert len(table) == 4 and set(table["seeds"]) == {2}
+    assert sorted(table["mean"].round(3).unique()) == [0.1, 0.4]
+    assert "optimizer.weight_decay" in md
+
+
+def test_records_copy_the_storage_their_summaries_name_under_any_file_name(tmp_path, capsys):
+    """Only a file called optuna.db was copied: a custom-named SQLite storage or a journal was dropped without a word
+    and the records lost their trial states and declared grid (review 2026-11-29, F7)."""
+    from analysis.records import copy_records
+
+    storage, _ = _sweep_with_storage(tmp_path / "sweep", "s", 2, 0, 0.1)  # sweep/study.db
+    copy_records(tmp_path / "sweep", tmp_path / "rec", {str(tmp_path / "sweep"): "rec"})
+    assert (tmp_path / "rec" / "study.db").is_file()
+    outside, _ = _sweep_with_storage(tmp_path / "elsewhere", "t", 1, 0, 0.1)
+    (tmp_path / "elsewhere" / "0").rename(tmp_path / "sweep2")
+    copy_records(tmp_path / "sweep2", tmp_path / "rec2")
+    assert "outside" in capsys.readouterr().out
+
+
+def test_replace_rewrites_a_path_prefix_not_any_substring():
+    from analysis.records import replace_prefixes
+
+    text = '{"a": "/w/tune_vit/0", "b": "/w/tune_vit_median/0", "c": "/w/tune_vit"}'
+    assert replace_prefixes(text, {"/w/tune_vit": "rec"}) == '{"a": "rec/0", "b": "/w/tune_vit_median/0", "c": "rec"}'
+    assert replace_prefixes("/w/data/x.npz /w/datax", {"/w/data/": "d/"}) == "d/x.npz /w/datax"
