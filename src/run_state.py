@@ -290,6 +290,12 @@ class RunState:
         if self.device.type == "cuda" and state["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.epoch, self.epoch_done, self.step = int(state["epoch"]), bool(state["epoch_done"]), int(state["step"])
+        history = self.rules.history
+        if not self.epoch_done and history and history[-1][0] == self.epoch:
+            # a step rule stopped the run inside this epoch and evaluated the half-trained model: that value leaves
+            # the convergence history (the epoch is evaluated when done, as in a run never stopped), else the
+            # window would hold two values for one epoch and could converge later than the uninterrupted run
+            history.pop()
         self.train_time, self.wall_before = float(state["train_time"]), float(state["wall_s"])
         self.last_row, self.best = dict(state["last_row"]), dict(state["best"])
         self.stop_reason = state.get("stop_reason")

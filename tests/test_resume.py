@@ -568,3 +568,18 @@ def test_a_finished_run_is_not_returned_for_a_shorter_or_other_length_run(tiny_c
     assert first["stop_reason"] in ("converged", "stalled") and first["epochs"] < 5
     with pytest.raises(ValueError, match="horizon"):
         train(tiny_cfg(*frozen, "trainer.max_epochs=4"), run)
+
+
+def test_a_mid_epoch_stops_evaluation_leaves_the_convergence_history_on_resume(tiny_cfg, tmp_path):
+    """A step rule firing inside epoch 2 evaluates the half-trained model there; resumed under a higher limit, that
+    epoch was evaluated again and the convergence window held both values (one differing partial value could hold
+    off convergence for converge_epochs epochs: review 2026-11-29). The resumed history is the uninterrupted one."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=10", "trainer.converge_epochs=5"]
+    train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "ref")  # 4 steps per epoch
+    train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path / "run")
+    partial = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)["rules"]["history"]
+    assert [e for e, _ in partial] == [1, 2]  # the stop evaluated epoch 2 after one of its 4 steps
+    train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "run")
+    ref = torch.load(tmp_path / "ref" / CHECKPOINT, weights_only=True)["rules"]["history"]
+    resumed = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)["rules"]["history"]
+    assert resumed == ref and [e for e, _ in resumed] == [1, 2, 3]
