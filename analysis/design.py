@@ -126,7 +126,9 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
     that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
     dataset, model, optimizer, precision or device is another recipe, and raises. The width column is read from both
-    arms: the fixed arm alone may hold one width (its first runs; a rule that ended only one width early)."""
+    arms: the fixed arm alone may hold one width (its first runs; a rule that ended only one width early). Where the
+    fixed arm's study declares its seeds, only runs of those seeds are taken, and the test expects every width at
+    them (:func:`peak_tests`): a declared seed the convergence arm never ran is missing at the widths borrowed."""
     width = width or width_column(pd.concat([main, capped], ignore_index=True))
     budget = main["trainer.max_epochs"].dropna().unique() if "trainer.max_epochs" in main else []
     if len(budget) != 1:
@@ -139,6 +141,8 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
                          f"{', '.join(f'{float(v):g}' for v in sorted(rule))}): a fixed budget is the run with "
                          "the rule off; run its sweep with trainer.converge_epochs=null")
     main = main.copy()
+    if "trainer.converge_epochs" in main:  # 0 and null alike: one value, so they never split a curve
+        main["trainer.converge_epochs"] = np.nan
     own_ok = _ran_to(main, budget[0])
     main.loc[~own_ok & (main["status"] == "completed"), "status"] = "ended early"  # max_steps, max_wall_s
     main.loc[~own_ok, ["train_error", "test_error"]] = np.nan
@@ -161,6 +165,9 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
                          + "; ".join(f"{k} = {sorted(map(str, allowed[k]))} here, "
                                      f"{sorted({str(_norm(v)) for v in capped[k]})} there" for k in keys)
                          + "): pass the convergence arm of the same study, budget and training-set size")
+    seeds = {_norm(v) for grid in grids.values() for v in grid.get(SEED, [])}
+    if seeds:  # the seeds the fixed arm declared: another seed of the convergence arm joins no pairing here
+        same = same[same[SEED].map(_norm).isin(seeds)]
     declared = _declared_curves(main, keys, width, grids)  # a pair the arm's sweep declared is its own
     held = set(tuples(main, ids)) | {(*curve, w, s) for curve, pairs in declared.items() for w, s in pairs}
     c = same.loc[np.array([i not in held for i in tuples(same, ids)], dtype=bool)]
@@ -169,10 +176,11 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
         raise ValueError("--capped-from runs of another recipe than the fixed-budget arm's: "
                          + "; ".join(f"{k} = {v} there, {here!r} here" for k, (v, here) in differ.items())
                          + ". Pass the convergence arm of the same study, device and precision")
-    if c.duplicated(ids).any():
-        warnings.warn(f"--capped-from: {int(c.duplicated(ids).sum())} runs repeat a (curve, width, seed); the first "
-                      "of each is taken", stacklevel=2)
-        c = c[~c.duplicated(ids)]
+    if c.duplicated(ids).any():  # a failed attempt beside its completed rerun: the completed run is the pair's
+        warnings.warn(f"--capped-from: {int(c.duplicated(ids).sum())} runs repeat a (curve, width, seed); a "
+                      "completed one of each is taken", stacklevel=2)
+        c = c.assign(_done=c["status"] == "completed").sort_values("_done", ascending=False, kind="stable")
+        c = c[~c.duplicated(ids)].drop(columns="_done").sort_index()
     c = c.copy()
     capped_ok = _ran_to(c, budget[0])
     c.loc[~capped_ok & (c["status"] == "completed"), "status"] = "ended early"
@@ -288,27 +296,30 @@ def declared_pairs(grid: dict, runs: pd.DataFrame, width: str) -> set[tuple[floa
     return {(w, s) for w in widths for s in seeds}
 
 
-def expected_pairs(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None
-                   ) -> set[tuple[float, float]]:
+def expected_pairs(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None,
+                   seeds: set[float] | None = None) -> set[tuple[float, float]]:
     """The (width, seed) pairs a curve's runs should hold: each study's declared widths x seeds (``grids``, from
-    ``_declared_grids``), or, for runs of a study that declares none (or naming no study), those they hold."""
+    ``_declared_grids``), or, for runs of a study that declares none (or naming no study), those they hold;
+    ``seeds``: the seeds every width should hold instead (a fixed arm's declared seeds, at the widths it borrows)."""
     grids = grids or {}
     study = ["study_storage", "study_name"]
     sources = c.groupby(study, dropna=False) if set(study) <= set(c.columns) else [(None, c)]
     expected: set[tuple[float, float]] = set()
     for src, runs in sources:  # runs naming no study form one source, whose grid is what they hold
-        expected |= declared_pairs(grids.get(src, {}), runs, width)
+        pairs = declared_pairs(grids.get(src, {}), runs, width)
+        expected |= {(w, s) for w in {w for w, _ in pairs} for s in seeds} if seeds else pairs
     return expected
 
 
 def unfinished(c: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict] | None = None,
-               declared: set[tuple[float, float]] = frozenset()) -> str | None:
+               declared: set[tuple[float, float]] = frozenset(), seeds: set[float] | None = None) -> str | None:
     """What of a curve's grid has no finished (``completed``) run, as ``"34 of 36 runs finished, 1 stopped, 1 not
     started"``; None when every run is finished. The grid is each study's declared widths x seeds (``grids``, from
     ``_declared_grids``), or where a study declares none (or the runs name no study), the widths x seeds its runs
     hold, so a seed that reached some widths and not others counts as missing at the others. ``declared``: pairs
-    a study declared for this curve, whether or not any of its runs is in ``c`` (``_declared_curves``)."""
-    expected = expected_pairs(c, width, grids) | set(declared)
+    a study declared for this curve, whether or not any of its runs is in ``c`` (``_declared_curves``); ``seeds``:
+    see :func:`expected_pairs`."""
+    expected = expected_pairs(c, width, grids, seeds) | set(declared)
     pairs = list(zip(c[width].astype(float), c[SEED].astype(float), strict=True))
     done = {p for p, st in zip(pairs, c["status"], strict=True) if st == "completed"}
     missing = expected - done
@@ -642,13 +653,17 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
     one_recipe(df, width, grids)
     borrowed = {tuple(b) for b in df.attrs.get("borrowed_studies", ())}  # with_capped's other arm
     own = {k: g for k, g in grids.items() if k not in borrowed}
+    # a fixed arm (with_capped's output): every width of either arm, at the seeds this arm declared, the widths it
+    # borrows included (a declared seed the other arm never ran is missing there, not left out of the pairing)
+    seeds = {float(v) for g in own.values() for v in g.get(SEED, [])} if "borrowed_studies" in df.attrs else set()
     varied = {k for g in own.values() for k, v in g.items() if k in CURVE_KEYS and k in df and len(v) > 1}
     keys = [*[k for k in CURVE_KEYS if k in curve_keys(df) or k in varied], NOISE]
     done = completed_only(df, "peak_tests").index
     declared = _declared_curves(df, keys, width, own)  # a study's curve may hold none of its runs yet
     out = []
     for key, whole in df.groupby(keys, dropna=False, sort=True):  # every curve, finished runs or not
-        missing = unfinished(whole, width, grids, declared.pop(tuple(_norm(v) for v in np.atleast_1d(key)), set()))
+        missing = unfinished(whole, width, grids, declared.pop(tuple(_norm(v) for v in np.atleast_1d(key)), set()),
+                             seeds=seeds or None)
         c = whole[whole.index.isin(done)]
         name = curve_name(keys, key)
         t = center(c, width, tol, rule) if len(c) else np.nan
