@@ -125,7 +125,9 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
     The other runs of ``capped`` at pairs ``main`` lacks join too, as not finished (a run the rule ended early gets
     status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
     that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
-    dataset, model, optimizer, precision or device is another recipe, and raises. The width column is read from both
+    dataset, model or optimizer setting (or a configured precision or device) is another recipe, and raises; the
+    realised device and precision of ``auto`` are the test's to check (:func:`one_recipe` refuses a curve whose
+    finished runs trained on two devices; its output names a precision mix). The width column is read from both
     arms: the fixed arm alone may hold one width (its first runs; a rule that ended only one width early). Where the
     fixed arm's study declares its seeds, only runs of those seeds are taken, and the test expects every width at
     them (:func:`peak_tests`): a declared seed the convergence arm never ran is missing at the widths borrowed."""
