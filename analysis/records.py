@@ -81,7 +81,9 @@ def _storage_file(url: object) -> Path | None:
 
 
 def _storages_named(src: Path) -> set[Path]:
-    """The storage files the summaries under ``src`` name (a study's storage need not be called optuna.db)."""
+    """The storage files the summaries under ``src`` name (a study's storage need not be called optuna.db). A path
+    that is not there as written (relative to the folder the sweep ran from, or the folder moved) is taken to be
+    the file of its name at the top of ``src``, where the sweeper keeps it, when there is one."""
     found = set()
     for summary in src.rglob("summary.json"):
         try:
@@ -90,7 +92,7 @@ def _storages_named(src: Path) -> set[Path]:
             continue
         path = _storage_file(url)
         if path is not None:
-            found.add(path)
+            found.add(path if path.is_file() or not (src / path.name).is_file() else src / path.name)
     return found
 
 

@@ -1153,3 +1153,17 @@ def test_replace_rewrites_a_path_prefix_not_any_substring():
     text = '{"a": "/w/tune_vit/0", "b": "/w/tune_vit_median/0", "c": "/w/tune_vit"}'
     assert replace_prefixes(text, {"/w/tune_vit": "rec"}) == '{"a": "rec/0", "b": "/w/tune_vit_median/0", "c": "rec"}'
     assert replace_prefixes("/w/data/x.npz /w/datax", {"/w/data/": "d/"}) == "d/x.npz /w/datax"
+
+
+def test_records_find_a_storage_named_by_a_path_relative_to_where_the_sweep_ran(tmp_path, capsys):
+    """A sweep run from the repository records `sqlite:///outputs/sweeps/x/optuna.db`; copied from another folder
+    that path is not there as written, and the storage is the file of its name at the top of the sweep folder."""
+    from analysis.records import copy_records
+
+    _sweep_with_storage(tmp_path / "sweep", "s", 1, 0, 0.1)
+    (tmp_path / "sweep" / "study.db").rename(tmp_path / "sweep" / "renamed.db")
+    summary_path = tmp_path / "sweep" / "0" / "summary.json"
+    s = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**s, "study_storage": "sqlite:///outputs/sweeps/x/renamed.db"}))
+    copy_records(tmp_path / "sweep", tmp_path / "rec")
+    assert (tmp_path / "rec" / "renamed.db").is_file() and "warning" not in capsys.readouterr().out
