@@ -413,12 +413,11 @@ def load_study(storage: str, study_name: str, paths: PathLike | Iterable[PathLik
 
 def _same_storage(a: object, b: str) -> bool:
     """Whether a run's recorded storage URL names the storage ``b`` (SQLite and journal files compared as paths)."""
-    if not isinstance(a, str):
-        return False
-    for prefix in ("sqlite:///", "journal:///"):
-        if a.startswith(prefix) and b.startswith(prefix):
-            return Path(a.removeprefix(prefix).split("?", 1)[0]).resolve() == \
-                Path(b.removeprefix(prefix).split("?", 1)[0]).resolve()
+    from hydra_plugins.vitsweep_sweeper.protocol import storage_file
+
+    fa, fb = storage_file(a), storage_file(b)
+    if fa is not None and fb is not None:
+        return fa.resolve() == fb.resolve()
     return a == b
 
 

@@ -20,6 +20,8 @@ import re
 import shutil
 from pathlib import Path
 
+from hydra_plugins.vitsweep_sweeper.protocol import storage_file
+
 RUN_FILES = ("summary.json", "config.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml")
 SWEEP_FILES = ("optuna.db",)
 MOVED_ASIDE = "previous-"  # src.checkpoint moves a restarted run's old records into previous-<time>/
@@ -70,16 +72,6 @@ def _replace_in_storage(db: Path, replace: dict[str, str]) -> None:
                         con.execute(f"UPDATE {table} SET value_json = ? WHERE rowid = ?", (json.dumps(new), rowid))
 
 
-def _storage_file(url: object) -> Path | None:
-    """The local file of an Optuna storage URL (SQLite, journal), or None."""
-    if not isinstance(url, str):
-        return None
-    for prefix in ("sqlite:///", "journal://"):
-        if url.startswith(prefix):
-            return Path(url.removeprefix(prefix).split("?", 1)[0])
-    return None
-
-
 def _storages_named(src: Path) -> set[Path]:
     """The storage files the summaries under ``src`` name (a study's storage need not be called optuna.db). A path
     that is not there as written (relative to the folder the sweep ran from, or the folder moved) is taken to be
@@ -90,7 +82,7 @@ def _storages_named(src: Path) -> set[Path]:
             url = json.loads(summary.read_text()).get("study_storage")
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
-        path = _storage_file(url)
+        path = storage_file(url)
         if path is not None:
             found.add(path if path.is_file() or not (src / path.name).is_file() else src / path.name)
     return found
@@ -107,8 +99,9 @@ def copy_records(src: str | Path, dst: str | Path, replace: dict[str, str] | Non
     if not src.is_dir():
         raise SystemExit(f"{src}: no such sweep or run folder")
     replace = dict(sorted((replace or {}).items(), key=lambda kv: -len(kv[0])))  # longer prefixes first
-    storages = {p.resolve() for p in _storages_named(src) if p.is_file()}
-    for missing in sorted(p for p in _storages_named(src) if p.resolve() not in storages):
+    named = _storages_named(src)  # the summaries read once
+    storages = {p.resolve() for p in named if p.is_file()}
+    for missing in sorted(p for p in named if not p.is_file()):
         print(f"warning: the runs under {src} name the Optuna storage {missing}, which does not exist here: the "
               "records will carry no trial states nor declared grid")
     inside = {p for p in storages if p.is_relative_to(src.resolve())}

@@ -11,8 +11,8 @@ from typing import Any
 
 __all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "declared_grid",
            "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
-           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "trial_of_env", "trial_of_hydra",
-           "trial_of_run_dir"]
+           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "trial_of_env",
+           "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
@@ -99,14 +99,24 @@ def open_storage(url: str, existing: bool = False):
     return storage.open_storage(url, existing=existing)
 
 
+def storage_file(url: object) -> Path | None:
+    """The local file of a storage URL (SQLite, journal file) as written, query dropped; None for a server."""
+    from ._storage import journal_path, sqlite_path
+
+    if not isinstance(url, str):
+        return None
+    local = sqlite_path(url) or journal_path(url)
+    return Path(local.split("?", 1)[0]) if local is not None else None
+
+
 def open_existing_storage(url: str):
     """Open a storage for reading only: a local file (SQLite, journal) must exist, since opening a missing
     one would create it."""
-    from ._storage import journal_path, normalize, sqlite_path
+    from ._storage import normalize
 
     url = normalize(url)
-    local = sqlite_path(url) or journal_path(url)
-    if local is not None and not Path(local.split("?", 1)[0]).is_file():
+    local = storage_file(url)
+    if local is not None and not local.is_file():
         raise FileNotFoundError(f"no such file {local} (relative paths are from {Path.cwd()})")
     return open_storage(url, existing=True)
 
