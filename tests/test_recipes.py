@@ -225,3 +225,34 @@ def test_a_sweep_headers_scale_list_names_every_scale_it_has(sweep):
     missing = [p.stem for p in sorted((ROOT / "sweeps" / "scales" / sweep).glob("*.yaml"))
                if not re.search(rf"(?<![\w-]){p.stem}(?![\w-])\s*(=|and\s)", paragraph)]
     assert not missing, f"sweeps/{sweep}.yaml's '# Scales' paragraph does not name {missing}"
+
+
+REPORTS = ROOT / "docs" / "studies"
+
+
+def header_rows(name: str) -> list[str]:
+    """The sweep file's recipe table rows, as markdown lines."""
+    return [line[2:].rstrip() for line in (sweep.SWEEPS / f"{name}.yaml").read_text().splitlines()
+            if line.startswith("# | ") and not line.startswith(("# | setting", "# |---"))]
+
+
+def copied_tables() -> list[str]:
+    return sorted(p.parent.name for p in REPORTS.glob("*/report.md")
+                  if "<!-- recipe table: generated from the sweep file's header -->" in p.read_text())
+
+
+@pytest.mark.parametrize("name", copied_tables())
+def test_a_reports_copy_of_the_recipe_table_is_the_sweep_headers(name):
+    """A report that carries the recipe table carries the sweep header's rows word for word: a copy that drifted
+    told readers a setting was the paper's after the header had marked it "not stated: our choice"."""
+    text = (REPORTS / name / "report.md").read_text()
+    block = text.split("<!-- recipe table: generated from the sweep file's header -->", 1)[1]
+    block = block.split("<!-- end recipe table -->", 1)[0]
+    def cells(row):
+        return tuple(c.strip() for c in row.strip().strip("|").split(" | "))
+
+    rows = [cells(r) for r in header_rows(name)]
+    settings = {row[0] for row in rows}
+    copied = [cells(line) for line in block.splitlines() if line.startswith("| ") and cells(line)[0] in settings]
+    assert [r for r in rows if r not in copied] == [], f"{name}: rows of the header missing or changed in the report"
+    assert [r for r in copied if r not in rows] == [], f"{name}: rows of the report the header does not have"
