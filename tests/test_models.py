@@ -175,3 +175,43 @@ def test_bad_vit_shapes_name_the_key(kwargs, key):
 def test_cnns_take_mnist_and_cifar_sizes(size):
     x = torch.randn(2, 1, size, size)
     assert WidthCNN(size, 1, 10, width=3)(x).shape == (2, 10) and VGGCNN(size, 1, 10)(x).shape == (2, 10)
+
+
+def test_big_vision_init_bounds_the_fused_qkv_as_its_docstring_says():
+    """The docstring names the one departure from the original ViT's init: q, k and v share one fused layer's
+    Xavier bound sqrt(6 / (4 dim)), sqrt(2) below per-projection Xavier. A change to either must change both."""
+    dim = 64
+    torch.manual_seed(0)
+    model = ViT(image_size=32, patch=4, in_channels=1, num_classes=10, dim=dim, depth=1, heads=4, mlp_dim=128)
+    model.init_weights("big_vision")
+    qkv = next(m for name, m in model.named_modules() if name.endswith("qkv"))
+    assert tuple(qkv.weight.shape) == (3 * dim, dim)
+    bound = (6 / (4 * dim)) ** 0.5
+    largest = float(qkv.weight.detach().abs().max())
+    assert 0.95 * bound < largest <= bound  # uniform on the whole bound, not a narrower one
+
+
+@pytest.mark.parametrize("wrap", ["plain", "module_prefix", "state_dict_key"])
+def test_resnet18_local_weights_load_whatever_their_wrapping(tmp_path, wrap):
+    """A checkpoint saved from DataParallel (``module.`` keys) or wrapped in ``{"state_dict": ...}`` loaded nothing
+    and trained from scratch as if pretrained: every backbone tensor must now come from the file."""
+    from src.models.resnet import resnet18
+
+    torch.manual_seed(1)
+    source = resnet18(32, 3, 10).state_dict()
+    state = {"plain": source, "module_prefix": {f"module.{k}": v for k, v in source.items()},
+             "state_dict_key": {"state_dict": source, "epoch": 3}}[wrap]
+    torch.save(state, tmp_path / "w.pt")
+    torch.manual_seed(2)
+    model = resnet18(32, 3, 100, weights=str(tmp_path / "w.pt"))  # another head: fc is left at its init
+    for key, value in model.state_dict().items():
+        if not key.startswith("fc."):
+            assert torch.equal(value, source[key]), key
+
+
+def test_resnet18_refuses_weights_it_cannot_match(tmp_path):
+    from src.models.resnet import resnet18
+
+    torch.save({"encoder.layer1.weight": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="model.weights"):
+        resnet18(32, 3, 10, weights=str(tmp_path / "other.pt"))
