@@ -189,7 +189,8 @@ class RunState:
     generator, right after the data); the training loader's own generator seeded with ``seed`` (batch
     order, then the augmentation draws of each batch, epoch after epoch); the scored train-eval subset
     from ``torch.Generator().manual_seed(seed + 2)``. Dropout draws from the global torch generator as
-    training goes, continuing from its state right after ``build_model``.
+    training goes, continuing from its state right after ``build_model``. Neighbouring seeds share streams
+    (seed s's label noise uses the integer seed that seed s + 1's initialisation uses): see docs/config.md.
     """
 
     cfg: dict
