@@ -735,13 +735,17 @@ def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: i
     return out
 
 
-def main_overrides(m: dict, lr: float | None) -> list[str]:
-    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule)."""
+def main_overrides(m: dict, lr: float | None, width: str = "model.width", pilot_seeds: tuple = (),
+                   divisor: int | None = None) -> list[str]:
+    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule): the pilot's own width key (a
+    ViT's ``model.dim``, kept to multiples of ``divisor``, its head count), and fresh seeds after the pilot's."""
     out = [] if lr is None else [f"optimizer.lr={lr:g}"]
     if "n_train" in m:
         out.append(f"dataset.n_train={m['n_train']}")
-    out.append("model.width=choice(" + ",".join(f"{w:g}" for w in m["grid"]) + ")")
-    out.append("seed=choice(" + ",".join(str(s) for s in range(m["seeds"])) + ")")
+    grid = [w for w in m["grid"] if not divisor or float(w) % divisor == 0]
+    out.append(f"{width}=choice(" + ",".join(f"{w:g}" for w in grid) + ")")
+    first = int(max(pilot_seeds)) + 1 if len(pilot_seeds) else 0
+    out.append("seed=choice(" + ",".join(str(s) for s in range(first, first + m["seeds"])) + ")")
     return out
 
 
@@ -757,7 +761,10 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
     curves = (done.groupby(keys, dropna=False).agg(runs=("train_error", "size"), train_mean=("train_error", "mean"),
                                                     test_mean=("test_error", "mean"), test_sd=("test_error", "std"))
               .reset_index())
+    heads = df["model.heads"].dropna().unique() if width == "model.dim" and "model.heads" in df else []
     return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th,
+            "pilot_seeds": tuple(sorted(df[SEED].dropna().unique())) if SEED in df else (),
+            "heads": int(heads[0]) if len(heads) == 1 else None,
             "collapses": collapse_table(df, width), "spread": sp,
             "mde": {k: mde(sp.power_sd, k) for k in seeds}, "effect": effect,
             "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
@@ -930,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
             if not m:
                 print("no pilot size leaves two underfitting widths below its threshold", file=sys.stderr)
                 return 1
-            print(" ".join(main_overrides(m, p["lr"])))
+            print(" ".join(main_overrides(m, p["lr"], p["width"], p["pilot_seeds"], p["heads"])))
             return 0
         if a.json:
             print(json.dumps({"lr": p["lr"], "thresholds": p["thresholds"].to_dict("records"),

@@ -108,8 +108,17 @@ def _column_value(v):
     return v
 
 
-def read_config(run_dir: Path) -> dict:
-    """The run's composed config as a flat dict; interpolations resolved where they can be."""
+def read_config(run_dir: Path, ended: bool = False) -> dict:
+    """The run's composed config as a flat dict; interpolations resolved where they can be. ``ended``: the run has
+    a summary, so the config it ended under (``config.json``, the trainer's) is read where there is one: Hydra
+    rewrites ``.hydra/config.yaml`` before the trainer's checks, so a start refused in a finished run's dir (another
+    config, bad input) left the finished results there under the refused command's config."""
+    path = run_dir / "config.json"
+    if ended and path.is_file():
+        try:
+            return flatten(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            warnings.warn(f"{path}: unreadable; reading .hydra/config.yaml", stacklevel=3)
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     try:
         return flatten(OmegaConf.to_container(cfg, resolve=True))
@@ -144,11 +153,12 @@ def _trial_of_run_dir(run_dir: Path):
 
 
 def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
-    row = read_config(run_dir)
-    config_cols = list(row)
     summary = read_summary(run_dir)
-    if summary is None:
-        row["status"] = "running"
+    row = read_config(run_dir, ended=summary is not None)
+    config_cols = list(row)
+    if summary is None:  # training, killed, or (no metrics.jsonl: the trainer's set-up never ran) a start that
+        # its checks refused, which Hydra's record of the job outlives
+        row["status"] = "running" if (run_dir / "metrics.jsonl").exists() else "not started"
         trial = _trial_of_run_dir(run_dir)  # a job killed before its summary: its trial is in its Hydra record
         if trial is not None:
             row.setdefault("study_name", trial.study_name)
@@ -185,8 +195,8 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
 def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -> pd.DataFrame:
     """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
 
-    Runs without summary.json get status 'running' ('failed' when their trial, named by the run's Hydra record, was
-    told FAIL). Every row gets the flags ``stalled`` and ``low_lr_stop``
+    Runs without summary.json get status 'running', or 'not started' without metrics.jsonl either (a start its
+    checks refused); 'failed' when their trial, named by the run's Hydra record, was told FAIL. Every row gets the flags ``stalled`` and ``low_lr_stop``
     (see :func:`result_flags`); a stalled run is a completed result, also when it was written before that contract.
     When a run is an Optuna trial whose storage
     (summary key ``study_storage``; config key ``trial.storage`` in runs written before it) can be opened,
@@ -201,7 +211,7 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     df = result_flags(pd.DataFrame(rows))
     if optuna_state and "study_storage" in df.columns and "study_name" in df.columns:
         df["optuna_state"] = _optuna_states(df)
-        dead = (df["status"] == "running") & (df["optuna_state"] == "FAIL")
+        dead = df["status"].isin(["running", "not started"]) & (df["optuna_state"] == "FAIL")
         df.loc[dead, "status"] = "failed"  # no summary, and its trial was told FAIL: not running any more
     df.attrs["config_columns"] = list(config_cols)
     return df

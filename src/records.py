@@ -8,9 +8,14 @@ to the run's experiment trackers (``src.trackers``, ``logger=``), which the summ
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,8 @@ import torch
 
 from src.checkpoint import atomic_write, save_checkpoint
 from src.trackers import Trackers
+
+log = logging.getLogger(__name__)
 
 
 def _clean(value: Any) -> Any:
@@ -27,6 +34,51 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+LOCK = ".lock"  # a run's process holds an exclusive flock on it while it trains (hold_run_dir)
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, poll_s: float = 1.0, log_every_s: float = 600.0) -> Iterator[None]:
+    """Hold ``run_dir`` for this process while it trains, waiting while another process holds it.
+
+    A sweep retries a trial whose worker stopped answering in that trial's run dir; a worker that was only
+    suspended (SIGSTOP, a Slurm suspend, a frozen VM) then wakes beside its retry. Unlocked, both wrote into one
+    dir: the retry's completed summary was overwritten with the woken run's error, and its checkpoint lost. Held,
+    the retry waits until the first process ends (its lock goes with its process, even under SIGKILL), then
+    resumes from what that one left. The lock is ``flock`` on ``run_dir/.lock``, which is never moved aside; on a
+    file system without flock it warns and goes on unlocked."""
+    import fcntl
+
+    path = run_dir / LOCK
+    with open(path, "a+") as f:
+        waited, last_log = 0.0, -math.inf
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if waited - last_log >= log_every_s:
+                    f.seek(0)
+                    holder = f.read().strip() or "another process"
+                    log.warning("%s is in use by %s (a retried trial whose first worker is still alive?): waiting "
+                                "for it to end, then resuming from what it leaves", run_dir, holder)
+                    last_log = waited
+                time.sleep(poll_s)
+                waited += poll_s
+            except OSError as e:  # no flock here (some network file systems)
+                log.warning("cannot lock %s (%s): training without the run-dir lock", path, e)
+                yield
+                return
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def writable_run_dir(run_dir: str | os.PathLike) -> Path:

@@ -39,6 +39,10 @@ RUNTIME_KEYS = (*(f"trainer.{k}" for k in LIMITS), "trainer.num_threads", "train
                 "trainer.eval_batch_size", "trainer.test_every",
                 # the trial identity that sweeps before the protocol module put into configs (old checkpoints)
                 "trial.study_name", "trial.number", "trial.storage")
+# What a resumed *study* may change: not the stop limits. A run may be extended by raising them, but a study's
+# finished trials keep the budget they ran under, so a study resumed with another limit mixed two budgets in one
+# grid and ranked them together, without a word (found 2026-11-29: max_epochs 40 -> 15 after two of six points).
+STUDY_RUNTIME_KEYS = tuple(k for k in RUNTIME_KEYS if k not in {f"trainer.{k}" for k in LIMITS})
 
 
 def objective_direction(name: str) -> str:

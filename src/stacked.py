@@ -20,6 +20,7 @@ On CUDA a group is cut, before its first step, to the members that fit in the de
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
-from src.records import writable_run_dir
+from src.records import hold_run_dir, writable_run_dir
 from src.run_state import RunState, plain_config
 from src.trainer import (
     RunInterrupted,
@@ -369,12 +370,14 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
     reporters = reporters or [None] * len(cfgs)
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
+    held = contextlib.ExitStack()  # each member's run dir, as src.trainer.train holds a single run's
     try:
         for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
             try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
                 cfg = plain_config(cfg)
                 check_config(cfg)
                 run_dir = writable_run_dir(run_dir)
+                held.enter_context(hold_run_dir(run_dir))
                 found, done = prepare_resume(cfg, run_dir)
                 if done is None:
                     state = resume(cfg, run_dir, found)
@@ -407,6 +410,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 _close_trackers(members.values())
     finally:  # a stop in a member's set-up or in one part leaves the other members' tracker runs open
         _close_trackers(states.values())
+        held.close()
     return results
 
 

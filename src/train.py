@@ -14,12 +14,12 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from hydra_plugins.vitsweep_sweeper.protocol import declare_app  # noqa: E402
-from src.run_contract import RUNTIME_KEYS, objective_direction  # noqa: E402
+from src.run_contract import STUDY_RUNTIME_KEYS, objective_direction  # noqa: E402
 
 # what the vitsweep sweeper and launcher need to know of this task, in every process that runs this module (a
 # sweep's main process and its workers): the direction of trainer.objective, the keys a resumed study may change,
 # and where stacked members train (src.stacked.plan_groups and train_stacked)
-declare_app(objective="trainer.objective", direction=objective_direction, runtime_keys=RUNTIME_KEYS,
+declare_app(objective="trainer.objective", direction=objective_direction, runtime_keys=STUDY_RUNTIME_KEYS,
             stacker="src.stacked")
 
 

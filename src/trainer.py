@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from hydra_plugins.vitsweep_sweeper.protocol import config_differences
+from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver, config_differences
 from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
 from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
-from src.records import writable_run_dir
+from src.records import hold_run_dir, writable_run_dir
 from src.run_contract import RUNTIME_KEYS
 from src.run_state import RunState, plain_config, setup
 from src.stop_rules import COLLAPSE_RISE, StopRules
@@ -334,8 +334,9 @@ def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, A
     if checkpoint and state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
-    if state.cfg["trainer"].get("checkpoint", True):  # with checkpoints on, a run is done without them (below)
-        state.recorder.config(state.cfg)
+    # the config the run ended under: what the analysis reads (a refused start rewrites .hydra/ first) and, with
+    # checkpoints on, what says the run is done where they are gone (finished_without_checkpoint)
+    state.recorder.config(state.cfg)
     state.recorder.summary(summary)
     warn_about_stop(summary, state.rules)
     return summary
@@ -466,6 +467,11 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
     cfg = plain_config(cfg)
     check_config(cfg)
     run_dir = writable_run_dir(run_dir)
+    with hold_run_dir(run_dir):  # one process at a time trains in a run dir (a retried trial waits for its first)
+        return _train(cfg, run_dir, reporter, sweep_dir)
+
+
+def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_dir: str | Path | None) -> dict:
     found, done = prepare_resume(cfg, run_dir)
     if done is not None:
         print(f"{run_dir} holds a finished run ({done['stop_reason']}): not retraining\n"
@@ -483,9 +489,12 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path, reporter: Re
                 try:
                     reason = run_loop(state, reporter, stop, pbar)
                 except BaseException as e:  # mid-step: keep the last checkpoint, record why the run ended
-                    reason = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-                    state.recorder.summary(summarise(state, reason, None if reason == "interrupted" else
-                                                     f"{type(e).__name__}: {e}"))
+                    # a trial taken over by its retry (this worker was failed as not answering) stops as after
+                    # SIGTERM: its retry, waiting for this run dir, resumes from the last checkpoint
+                    taken = isinstance(e, TrialTakenOver)
+                    reason = "interrupted" if isinstance(e, KeyboardInterrupt) or taken else "error"
+                    state.recorder.summary(summarise(state, reason, None if reason == "interrupted" and not taken
+                                                     else f"{type(e).__name__}: {e}"))
                     raise
             summary = finish(state, reason)
             if reason == "interrupted" and stop.signum is not None:

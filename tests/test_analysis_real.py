@@ -84,3 +84,26 @@ def test_attention_maps_of_a_trained_vit(sweep, patch):
         torch.testing.assert_close(a.sum(-1), torch.ones(4, 2, tokens))
     torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-4)  # explicit attention path == SDPA path
     assert cls_attention(attns).shape == (2, 4, 2, h // patch, w // patch)
+
+
+@pytest.mark.parametrize("checkpoint, refused_by", [("true", "model.patch=2"), ("false", "label_noise.p=1.5")])
+def test_a_refused_start_in_a_finished_runs_dir_does_not_relabel_that_run(tmp_path, checkpoint, refused_by):
+    """Hydra writes `.hydra/config.yaml` before the trainer's checks run, so a start refused in a finished run's
+    dir (another config where a checkpoint is kept, or bad input) left the old results under the refused command's
+    config: `model.patch=1,2,4,8` into a sweep that held 2, 4, 8 read back patch 2's accuracy as patch 1's. The
+    analysis reads the config the run ended under."""
+    base = [sys.executable, "-m", "src.train", *TINY, f"trainer.checkpoint={checkpoint}", f"hydra.run.dir={tmp_path}"]
+    subprocess.run([*base, "model.patch=4"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    refused = subprocess.run([*base, refused_by], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0, refused.stderr[-2000:]
+    runs = load_runs(tmp_path)
+    assert runs[["model.patch", "label_noise.p"]].values.tolist() == [[4, 0.0]]
+
+
+def test_a_start_refused_by_its_checks_reads_not_started_not_running(tmp_path):
+    """Hydra leaves `.hydra/` and `train.log` in a run dir whose start the trainer's checks refuse; with no summary
+    the analysis counted it "running" for ever."""
+    refused = subprocess.run([sys.executable, "-m", "src.train", *TINY, "label_noise.p=1.5",
+                              f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "label_noise.p" in refused.stderr, refused.stderr[-2000:]
+    assert load_runs(tmp_path)["status"].tolist() == ["not started"]

@@ -242,3 +242,13 @@ def test_a_subset_archive_samples_the_test_split_by_class_unless_told_to_keep_it
     main([str(src), str(tmp_path / "c.npz"), "--train", "20", "--test", "200", "--test-sample", "prefix"])
     with np.load(tmp_path / "c.npz") as d:
         assert (d["y_test"] == y_test[:200]).all()
+
+
+def test_the_size_checks_name_the_key_at_fault_and_take_the_whole_test_split():
+    """`dataset.n_train=0` was told "n_train=0 and val_size=0 must be positive" (val_size 0 is valid), and a
+    test_size equal to the test split, inside the range its message gave, was refused."""
+    with pytest.raises(ValueError, match=r"dataset.n_train=0 must be at least 1") as e:
+        build_data({"name": "digits", "n_train": 0})
+    assert "val_size" not in str(e.value)
+    n_test = len(build_data({"name": "digits"}).y_test)
+    assert len(build_data({"name": "digits", "test_size": n_test}).y_test) == n_test

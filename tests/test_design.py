@@ -904,3 +904,15 @@ def test_a_fixed_arm_with_the_rule_off_as_0_and_as_null_is_one_curve(tmp_path):
     main, conv = two_arms(tmp_path, fixed_rules=[0, None, 0])
     tests = design.peak_tests(design.with_capped(main, conv), 0.015, 0.05)
     assert [t.verdict for t in tests] == ["reproduced"] * 2
+
+
+def test_the_main_runs_overrides_use_the_pilots_width_key_head_multiples_and_fresh_seeds(capsys):
+    """`plan --target` printed `model.width=...` and seeds from 0 for the ViT pilot, whose width is `model.dim`
+    (so the printed grid set nothing), with dim 10 (not divisible by its 4 heads) and the pilot's own seeds 0-1."""
+    pilot = ROOT / "docs" / "studies" / "double_descent_vit" / "records" / "pilot_gpu"
+    assert design.main(["plan", str(pilot), "--target", "30", "--effect", "0.03"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    dims = re.search(r"model\.dim=choice\(([\d,]+)\)", line)
+    assert dims and "model.width" not in line, line
+    assert all(int(d) % 4 == 0 for d in dims.group(1).split(",")), line
+    assert "seed=choice(2,3,4,5,6,7)" in line, line  # the declared main run's fresh seeds

@@ -246,3 +246,65 @@ def test_a_stop_tells_the_stacked_members_that_had_finished_and_hands_back_only_
     assert training.state == TrialState.FAIL and "interrupted" in training.user_attrs["error"], out[-3000:]
     (retry,) = study.get_trials(states=(TrialState.WAITING,))  # only the member still training is run again
     assert retry.system_attrs["fixed_params"] == training.params
+
+
+def _stop_outside_sqlite_writes(pid: int, db) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no lock on the SQLite file ``db`` (frozen inside a write, it would lock
+    every other process out of the storage): stop, try a header write with a short timeout, and if it is locked,
+    let the process go on a moment and try again."""
+    import sqlite3
+    import time
+
+    for _ in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            con = sqlite3.connect(db, timeout=0.2, isolation_level=None)
+            try:
+                version = con.execute("PRAGMA user_version").fetchone()[0]
+                con.execute(f"PRAGMA user_version = {version}")  # takes the write lock, changes nothing
+                return
+            finally:
+                con.close()
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+    raise AssertionError("the storage stayed locked")
+
+
+def test_a_suspended_worker_woken_beside_its_retry_hands_the_run_dir_over_and_the_point_ends_once(tmp_path):
+    """A worker suspended mid-run (SIGSTOP; a Slurm suspend, a frozen VM) is failed as not answering and its trial
+    retried in the same run dir by another command. Before the run-dir lock the retry trained there at once, and the
+    woken worker went on writing beside it: the retry's completed summary was overwritten with the woken run's error,
+    the checkpoint lost, and the analysis read the point as failed while Optuna held it COMPLETE. Now the retry waits
+    for the dir, the woken run stops at its next report as after SIGTERM (TrialTakenOver), and the retry resumes
+    from its checkpoint."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep_dir = tmp_path / "sweep"
+    cmd = train_cmd("hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "seed=choice(0)", "trainer.max_epochs=20",
+                    "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=woken", f"hydra.sweep.dir={sweep_dir}",
+                    *LIVENESS, multirun=True)
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    retry = None
+    try:
+        wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").is_file() and len(rows(sweep_dir / "0")) >= 3,
+                 timeout=240, what="three epochs", proc=first)
+        _stop_outside_sqlite_writes(first.pid, sweep_dir / "optuna.db")
+        retry = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = sweep_dir / "0" / "train.log"
+        wait_for(lambda: "is in use by" in (log.read_text() if log.is_file() else ""), timeout=120,
+                 what="the retry waiting for the suspended run's dir", proc=retry)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+        if retry is None:
+            first.kill()
+    first.communicate(timeout=240)
+    out_retry, _ = retry.communicate(timeout=300)
+    assert retry.returncode == 0, out_retry[-3000:]
+    woken = json.loads((sweep_dir / "0" / "summary.previous.json").read_text())  # the woken run's own stop
+    assert woken["stop_reason"] == "interrupted" and "TrialTakenOver" in woken["error"], woken
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 20 and summary["trial_number"] == 1, summary
+    assert [r["epoch"] for r in rows(sweep_dir / "0")] == list(range(1, 21))  # no row lost or repeated
+    study = optuna.load_study(study_name="woken", storage=f"sqlite:///{sweep_dir}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert study.trials[1].value == summary["objective"]

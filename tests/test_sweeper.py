@@ -181,6 +181,49 @@ def test_a_resumed_study_with_a_changed_recipe_fails_before_any_trial_naming_the
     assert len(load(tmp_path).trials) == 4
 
 
+def test_a_second_study_in_a_sweep_dir_is_refused_and_the_first_ones_runs_are_untouched(tmp_path):
+    """Run dirs are named by trial number, so a second study in one sweep dir (what the refusal messages used to
+    suggest: "another hydra.sweeper.study_name") trained into the first one's run dirs and overwrote its
+    optimization_results.yaml. It is now refused before any trial; in its own folder it runs."""
+    grid = ["hydra/sweeper/sampler=grid", "x=choice(0,1)", "y=choice(0)", "hydra.sweeper.n_trials=2"]
+    sweep(tmp_path, *grid)
+    results = (tmp_path / "optimization_results.yaml").read_text()
+    proc = sweep(tmp_path, *grid, "hydra.sweeper.study_name=other", check=False)
+    assert proc.returncode != 0 and "holds the runs of 'app'" in proc.stderr and "hydra.sweep.dir" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert (tmp_path / "optimization_results.yaml").read_text() == results
+    assert [t.state for t in load(tmp_path).trials] == [TrialState.COMPLETE] * 2
+    (tmp_path / "other").mkdir()
+    sweep(tmp_path / "other", *grid, "hydra.sweeper.study_name=other")
+    sweep(tmp_path, *grid)  # the owner still resumes its own dir
+
+
+def test_a_study_whose_trials_all_failed_says_how_to_rerun_it_under_the_fixed_values(tmp_path):
+    """A study whose every trial failed (a wrong dataset.root) was refused its fix with "restore those values";
+    its failed trials count as done, so the message now says to start it afresh."""
+    base = ["hydra/sweeper/sampler=grid", "x=choice(0,1)", "fail=true", "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.max_failure_rate=1.0"]
+    sweep(tmp_path, *base, "epochs=2", check=False)
+    assert [t.state for t in load(tmp_path).trials] == [TrialState.FAIL] * 2
+    proc = sweep(tmp_path, *base, "epochs=3", check=False)
+    assert proc.returncode != 0 and "no trial that ran to a result" in proc.stderr and "afresh" in proc.stderr, \
+        proc.stderr[-2000:]
+    again = sweep(tmp_path, *base, "epochs=2", check=False)  # the same command trains nothing: as the message says
+    assert len(load(tmp_path).trials) == 2, again.stderr[-2000:]
+
+
+def test_a_resumed_study_with_another_pruner_is_refused(tmp_path):
+    """The stored pruner was replaced on every start without a word: the study's later trials were stopped by
+    another rule than its first ones."""
+    base = ["x=interval(0,1)", "epochs=2"]
+    sweep(tmp_path, *base, "hydra/sweeper/pruner=median", "hydra.sweeper.n_trials=2")
+    proc = sweep(tmp_path, *base, "hydra/sweeper/pruner=none", "hydra.sweeper.n_trials=3", check=False)
+    assert proc.returncode != 0 and "hydra.sweeper.pruner" in proc.stderr, proc.stderr[-2000:]
+    assert len(load(tmp_path).trials) == 2
+    sweep(tmp_path, *base, "hydra/sweeper/pruner=median", "hydra.sweeper.n_trials=3")
+    assert len(load(tmp_path).trials) == 3
+
+
 def test_a_grid_study_resumed_with_another_grid_is_refused_and_its_own_grid_still_finishes(tmp_path):
     """Found on a lent GPU: a pilot grid (2 sizes) resumed with one size crashed inside Optuna mid-claim ("'600' not
     in (300,)"), and the study it left could no longer be resumed with its own grid ("All parameters must be
@@ -232,9 +275,10 @@ def test_a_direction_that_contradicts_the_objective_fails_before_any_trial(tmp_p
 
 
 @pytest.mark.slow  # the suite's time: test_cli's finished-run test and the standalone recipe tests cover both halves
-def test_the_trainers_study_refuses_a_changed_recipe_but_not_a_changed_stop_limit(tmp_path):
-    """With vitsweep's trainer the study's resume check is the run's own (src.checkpoint.config_differences): a
-    changed model key fails before any trial, naming it; a raised stop limit (a runtime key) continues."""
+def test_the_trainers_study_refuses_a_changed_recipe_or_stop_limit_but_not_a_runtime_key(tmp_path):
+    """With vitsweep's trainer a changed model key fails the study's resume before any trial, naming it. So does a
+    changed stop limit: a run may be extended by raising it, but the study's finished trials keep their budget, and
+    resuming under another mixed two budgets in one grid without a word. A runtime key (threads) continues."""
     from tests.conftest import TINY
 
     base = ["-m", "src.train", "-m", *TINY, "optimizer.lr=choice(1e-3,3e-3)", "hydra/sweeper=vitsweep",
@@ -243,7 +287,10 @@ def test_the_trainers_study_refuses_a_changed_recipe_but_not_a_changed_stop_limi
     proc = run([*base, "model.dim=48", "hydra.sweeper.n_trials=2"], cwd=ROOT, check=False)
     assert proc.returncode != 0 and "model.dim: 32 -> 48" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "1").exists()
-    run([*base, "trainer.max_epochs=2", "hydra.sweeper.n_trials=2"], cwd=ROOT)
+    proc = run([*base, "trainer.max_epochs=2", "hydra.sweeper.n_trials=2"], cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "trainer.max_epochs: 1 -> 2" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "1").exists()
+    run([*base, "trainer.num_threads=1", "hydra.sweeper.n_trials=2"], cwd=ROOT)
     assert len(optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path}/optuna.db").trials) == 2
 
 

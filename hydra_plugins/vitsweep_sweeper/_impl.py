@@ -37,6 +37,7 @@ from ._recipe import RecipeChecks
 from ._workers import WorkerProcesses
 
 log = logging.getLogger(__name__)
+OWNER_FILE = ".vitsweep-study"  # in a sweep dir: the name of the study whose runs it holds
 
 SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
 
@@ -199,6 +200,42 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             if missing:
                 raise ValueError(f"hydra.sweeper.presets.{key}: no overrides for choices {missing}")
 
+    def _check_pruner(self, study_id: int) -> None:
+        """A study resumes with the pruner it was started with: another would stop some points by another rule than
+        the finished ones (it was replaced without a word)."""
+        saved = self.storage.get_study_system_attrs(study_id).get(studies.PRUNER_ATTR)
+        current = OmegaConf.to_container(self.pruner_node, resolve=True)
+        if saved is not None and saved != current:
+            raise ValueError(
+                f"hydra.sweeper.pruner: study {self.name!r} in {storages.safe(self.url)} was started with pruner "
+                f"{saved}, not {current}, so resuming it would stop its trials by two rules: restore the pruner to "
+                "finish the study, or start a new one in its own folder (another hydra.sweep.dir and "
+                "hydra.sweeper.study_name)")
+
+    def _check_sweep_dir(self) -> None:
+        """A sweep dir holds one study's runs: its run dirs are named by trial number, so a second study there (the
+        recipe check's "start a new one" with only another study name) trained into the first one's run dirs and
+        overwrote its optimization_results.yaml. The owner is recorded in ``OWNER_FILE``; a dir with run dirs and
+        no owner is taken by a study that already exists in the storage (a resume), refused to a new one."""
+        root = Path(self.sweep_dir)
+        path = root / OWNER_FILE
+        runs = root.is_dir() and any(p.is_dir() and p.name.isdigit() for p in root.iterdir())
+        owner = path.read_text().strip() if path.is_file() else None
+        if owner is None and runs:
+            try:
+                self.storage.get_study_id_from_name(self.name)
+                owner = self.name  # this study's own dir, from before the owner was recorded
+            except KeyError:
+                owner = "another sweep (no study recorded)"
+        if runs and owner != self.name:
+            raise ValueError(
+                f"hydra.sweep.dir={self.sweep_dir} holds the runs of {owner!r}, and its run dirs are named by trial "
+                f"number, so study {self.name!r} would train into them: give this study its own hydra.sweep.dir "
+                "(or resume that study with its own name)")
+        if self.worker_id == 0 and (not path.is_file() or owner != self.name):
+            root.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.name + "\n")
+
     def _open_study(self) -> optuna.Study:
         try:
             study_id = self.storage.get_study_id_from_name(self.name)
@@ -207,10 +244,12 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             if old != self.directions:
                 raise ValueError(
                     f"hydra.sweeper.direction: study {self.name!r} in {self.url} was created with {old}, "
-                    f"not {self.directions}; use another hydra.sweeper.study_name"
+                    f"not {self.directions}; start a new study in its own folder (another hydra.sweep.dir and "
+                    "hydra.sweeper.study_name)"
                 )
             self._check_recipe(study_id)
             self._check_grid(study_id)
+            self._check_pruner(study_id)
         except KeyError:
             n_existing = 0
         node = OmegaConf.to_container(self.sampler_node)
@@ -241,6 +280,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
     # ------------------------------------------------------------------ sweep
     def sweep(self, arguments: list[str]) -> None:
         self._build_settings(arguments)
+        self._check_sweep_dir()
         study = self._open_study()
         self.budget = self.n_trials if self.grid is None else min(self.n_trials, len(self.points))
         self.reaper = liveness.Reaper(self.grace_s, self.max_retries)

@@ -9,13 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "Reporter", "TrialIdentity", "config_differences", "current_trial", "declare_app", "declared_grid",
+__all__ = ["ENV", "Reporter", "TrialIdentity", "TrialTakenOver", "config_differences", "current_trial", "declare_app", "declared_grid",
            "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
            "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "trial_of_env",
            "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
 Reporter = Callable[[float, int], bool]  # (objective, epoch) -> prune?
+
+
+class TrialTakenOver(RuntimeError):
+    """Raised by a reporter whose trial another worker has finished: it failed this worker as not answering (a
+    suspended process, a frozen host) and retried the trial, so the retry now stands for this point. The job
+    should stop as after SIGTERM (keep its last checkpoint, which the retry resumes) and report nothing more."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,14 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
     def report(value: float, epoch: int) -> bool:
         if not math.isfinite(value):
             return False  # the trainer stops on a non-finite loss by itself
-        handle.report(float(value), int(epoch))
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            handle.report(float(value), int(epoch))
+        except UpdateFinishedTrialError:
+            raise TrialTakenOver(f"trial {trial.number} of study {trial.study_name!r} was finished by another "
+                                 "worker (failed as not answering, then retried): its retry stands for this "
+                                 "point, so this run stops and leaves its last checkpoint to it") from None
         return handle.should_prune()
 
     return report
@@ -173,8 +186,8 @@ def declare_app(objective: str | None = None, direction: Callable[[str], str] | 
     ``minimize``/``maximize`` that its value implies: ``hydra.sweeper.direction`` defaults to it, and a direction that
     contradicts it is refused before any trial (an accuracy minimised would look like a finished study).
     ``runtime_keys`` are config keys (each with everything under it) that a rerun may change without changing what a
-    trial computes, such as stop limits, threads and progress bars: the recipe check that guards a resumed study
-    ignores them. An app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
+    trial computes, such as threads and progress bars: the recipe check that guards a resumed study ignores them.
+    Not a trial's length: finished trials keep theirs, so a study resumed under another would mix two budgets. An app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
     over every key but ``hydra``.
 
     ``stacker`` is the module path of the app's stacked training, for the vectorized launcher

@@ -12,6 +12,8 @@ from . import _storage as storages
 from . import _study as studies
 
 log = logging.getLogger(__name__)
+# trials that ran, or run, under a study's recipe: while one exists, a changed recipe would mix two experiments
+KEEPS_RECIPE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
 
 
 class RecipeChecks:
@@ -62,12 +64,20 @@ class RecipeChecks:
                     where.setdefault(line, []).append(name)
             diff = [line if len(names) == len(common) else f"{line} (in {', '.join(names)})"
                     for line, names in where.items()]
+        if diff and not any(t.state in KEEPS_RECIPE for t in trials):  # e.g. every trial failed for a wrong root
+            raise ValueError(
+                f"hydra.sweeper.study_name={self.name!r}: this study in {storages.safe(self.url)} has no trial that "
+                f"ran to a result ({len(trials)} failed or waiting), and it was started with other values:\n  "
+                + "\n  ".join(diff) + "\nits failed trials count as done, so rerunning it would train nothing. fix: "
+                "start it afresh: move its sweep dir aside (hydra.sweep.dir; the storage is "
+                f"{storages.safe(self.url)}) or give the new values a folder of their own (another hydra.sweep.dir "
+                "and hydra.sweeper.study_name)")
         if diff:
             raise ValueError(
                 f"hydra.sweeper.study_name={self.name!r}: this study in {storages.safe(self.url)} was started with "
                 "another recipe, so resuming it would mix two experiments:\n  " + "\n  ".join(diff)
-                + "\nfix: restore those values to finish the study, or start a new one (another "
-                "hydra.sweeper.study_name, or study_name: null for a new auto-named study on every run)")
+                + "\nfix: restore those values to finish the study, or start a new one in its own folder (another "
+                "hydra.sweep.dir and hydra.sweeper.study_name)")
 
     def _check_grid(self, study_id: int) -> None:
         """A grid study resumes only with its own grid: its points so far were claimed from that grid, so another
@@ -85,8 +95,8 @@ class RecipeChecks:
             raise ValueError(
                 f"hydra.sweeper.params: grid study {self.name!r} in {storages.safe(self.url)} was started with another "
                 "grid, so resuming it would run some points twice or never:\n  " + "\n  ".join(diff)
-                + "\nfix: restore the grid to finish the study, or start a new one (another hydra.sweeper.study_name "
-                "or hydra.sweep.dir)")
+                + "\nfix: restore the grid to finish the study, or start a new one in its own folder (another "
+                "hydra.sweep.dir and hydra.sweeper.study_name)")
 
     def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
         """The study's grid order comes from the seed it was started with: every later process keeps it."""

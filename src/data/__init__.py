@@ -137,17 +137,19 @@ def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     num_classes = len(classes) if classes is not None else int(max(y_train.max(), y_test.max())) + 1
     test_size = cfg.get("test_size")
     if test_size is not None:  # the same class-stratified test images for every run and seed (seed 0)
-        if not 0 < test_size < len(y_test):
+        if not 0 < test_size <= len(y_test):
             raise ValueError(f"dataset.test_size={test_size} must lie between 1 and the {len(y_test)} test images "
                              f"of dataset={cfg['name']} (null = all of them)")
-        keep = torch.from_numpy(np.sort(stratified_subset(y_test.numpy(), test_size, 0)[0]))
-        x_test, y_test = x_test[keep], y_test[keep]
+        if test_size < len(y_test):
+            keep = torch.from_numpy(np.sort(stratified_subset(y_test.numpy(), test_size, 0)[0]))
+            x_test, y_test = x_test[keep], y_test[keep]
         info["n_test"] = test_size  # recorded in summary.json
 
     n_total, n_train, val_size = len(y_train), cfg.get("n_train"), int(cfg.get("val_size") or 0)
-    if val_size < 0 or (n_train is not None and n_train < 1):
-        raise ValueError(f"dataset.n_train={n_train} and dataset.val_size={val_size} must be positive "
-                         "(n_train may be null)")
+    if n_train is not None and n_train < 1:
+        raise ValueError(f"dataset.n_train={n_train} must be at least 1 (null = every training image)")
+    if val_size < 0:
+        raise ValueError(f"dataset.val_size={val_size} must be 0 (no validation split) or more")
     if (n_train or 0) + val_size > n_total or val_size >= n_total:
         raise ValueError(
             f"dataset.n_train={n_train} + dataset.val_size={val_size} exceeds the {n_total} training images of "
