@@ -931,7 +931,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", help="also write the Markdown here")
     a = ap.parse_args(argv)
     if a.cmd == "plan":
-        p = plan(a.paths, a.tol, [int(s) for s in a.seeds.split(",")], a.effect, a.center)
+        try:
+            counts = [int(s) for s in a.seeds.split(",")]
+        except ValueError:
+            ap.error(f"--seeds={a.seeds!r}: give seed counts as integers separated by commas, e.g. 2,3,4,6,8")
+        p = plan(a.paths, a.tol, counts, a.effect, a.center)
         if a.target is not None:
             m = choose_main(p, a.target)
             if not m:

@@ -75,6 +75,9 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     p = cfg["label_noise"]["p"]
     if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise ValueError(f"label_noise.p={p} must be in [0, 1): it is the probability of replacing a training label")
+    dropout = (cfg.get("model") or {}).get("dropout")
+    if dropout is not None and (not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0):
+        raise ValueError(f"model.dropout={dropout} must be in [0, 1): it is the probability of zeroing an activation")
     if d["name"] not in DATASETS:
         raise ValueError(f"dataset.name={d['name']!r} is unknown: choose one of {list(DATASETS)}")
     if d.get("augment", "none") not in AUGMENTS:

@@ -129,6 +129,7 @@ def test_reporter_prunes(tiny_cfg, tmp_path):
     ("model.patch=5", "model.patch=5 does not divide the image size 16"),
     ("model.heads=3", "model.heads=3 does not divide model.dim=32"),
     ("label_noise.p=1.0", r"label_noise.p=1.0 must be in \[0, 1\)"),
+    ("model.dropout=1.5", r"model.dropout=1.5 must be in \[0, 1\)"),
     ("dataset.val_size=1400", r"dataset.n_train=200 \+ dataset.val_size=1400 exceeds"),
     ("trainer.precision=fp16", "fp16 needs CUDA"),
     ("dataset.augment=mixup", "dataset.augment='mixup' is unknown"),
