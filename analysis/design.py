@@ -742,7 +742,7 @@ def main_overrides(m: dict, lr: float | None, width: str = "model.width", pilot_
     out = [] if lr is None else [f"optimizer.lr={lr:g}"]
     if "n_train" in m:
         out.append(f"dataset.n_train={m['n_train']}")
-    grid = [w for w in m["grid"] if not divisor or float(w) % divisor == 0]
+    grid = m["grid"] if not divisor else suggest_grid(m["threshold"], tuple(w for w in LADDER if w % divisor == 0))
     out.append(f"{width}=choice(" + ",".join(f"{w:g}" for w in grid) + ")")
     first = int(max(pilot_seeds)) + 1 if len(pilot_seeds) else 0
     out.append("seed=choice(" + ",".join(str(s) for s in range(first, first + m["seeds"])) + ")")

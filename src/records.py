@@ -48,10 +48,29 @@ def hold_run_dir(run_dir: Path, poll_s: float = 1.0, log_every_s: float = 600.0)
     dir: the retry's completed summary was overwritten with the woken run's error, and its checkpoint lost. Held,
     the retry waits until the first process ends (its lock goes with its process, even under SIGKILL), then
     resumes from what that one left. The lock is ``flock`` on ``run_dir/.lock``, which is never moved aside; on a
-    file system without flock it warns and goes on unlocked."""
+    file system without flock it warns and goes on unlocked. On NFS its reach is the mount's: across hosts with
+    lock support, this host only under ``nolock`` or ``local_lock=flock``. A second hold of one dir in this
+    process raises (it would wait on itself)."""
+    path = run_dir / LOCK
+    key = os.path.realpath(run_dir)
+    if key in _HELD:  # flock is per open file: a second hold in this process would wait on itself for ever
+        raise RuntimeError(f"{run_dir} is already being trained by this process (two runs given one run dir?): "
+                           "give each run its own dir (hydra.sweep.subdir must hold the job number)")
+    _HELD.add(key)
+    try:
+        with _locked(path, run_dir, poll_s, log_every_s):
+            yield
+    finally:
+        _HELD.discard(key)
+
+
+_HELD: set[str] = set()  # the run dirs this process holds
+
+
+@contextlib.contextmanager
+def _locked(path: Path, run_dir: Path, poll_s: float, log_every_s: float) -> Iterator[None]:
     import fcntl
 
-    path = run_dir / LOCK
     with open(path, "a+") as f:
         waited, last_log = 0.0, -math.inf
         while True:

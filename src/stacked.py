@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
+from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
 from src.records import hold_run_dir, writable_run_dir
 from src.run_state import RunState, plain_config
 from src.trainer import (
@@ -195,7 +196,11 @@ class _Member:
         self.batches = None
         if reason is None and not math.isfinite(self.loss_sum.item()):
             reason = "nonfinite_loss"
-        return close_epoch(s, reason, self.images, self.epoch_start, self.reporter, pbar)
+        try:
+            return close_epoch(s, reason, self.images, self.epoch_start, self.reporter, pbar)
+        except TrialTakenOver as e:  # this member's trial was retried elsewhere: it stops alone, as after SIGTERM
+            log.warning("%s: %s", s.recorder.dir, e)
+            return "interrupted"
 
 
 def _save(s: RunState) -> None:
@@ -401,6 +406,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             except Exception as e:  # the stacked step itself failed: every member still training records it
                 for k, s in members.items():
                     if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
+                        s.recorder.config(s.cfg)
                         s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
                     results[k] = e
             else:

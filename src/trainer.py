@@ -493,6 +493,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
                     # SIGTERM: its retry, waiting for this run dir, resumes from the last checkpoint
                     taken = isinstance(e, TrialTakenOver)
                     reason = "interrupted" if isinstance(e, KeyboardInterrupt) or taken else "error"
+                    state.recorder.config(state.cfg)  # the config of this start, beside its summary
                     state.recorder.summary(summarise(state, reason, None if reason == "interrupted" and not taken
                                                      else f"{type(e).__name__}: {e}"))
                     raise

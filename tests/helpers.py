@@ -156,8 +156,8 @@ def write_run(root: Path, num: int, config: dict, summary: dict | None, metrics:
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([]))
     (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
-    if metrics is not None:
-        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if metrics is not None or summary is None:  # a started run has its metrics.jsonl (empty at first)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics or []))
     if summary is not None:
         (run / "summary.json").write_text(json.dumps(summary))
     return run

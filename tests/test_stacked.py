@@ -281,3 +281,28 @@ def test_a_stop_in_one_stack_ends_the_tracker_runs_of_members_of_later_stacks(tm
     client = MlflowClient(tracking_uri=uri)
     ids = [json.loads((d / "tracker.json").read_text())["mlflow"]["run_id"] for d in dirs]
     assert [client.get_run(i).info.status for i in ids] == ["KILLED", "KILLED"]  # handed back, to resume
+
+
+def test_a_member_whose_trial_was_taken_over_stops_alone(tmp_path):
+    """A member's reporter raising TrialTakenOver (its trial failed as not answering and retried elsewhere) went
+    through the group's error handler: every member of the stack ended `error` with that member's exception."""
+    from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
+
+    def taken(value, epoch):
+        if epoch >= 2:
+            raise TrialTakenOver("trial 7 taken over")
+        return False
+
+    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
+    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[taken, None])
+    assert results[0]["status"] == "stopped" and results[0]["stop_reason"] == "interrupted", results[0]
+    assert results[1]["status"] == "completed" and results[1]["epochs"] == 3, results[1]
+
+
+def test_two_members_given_one_run_dir_fail_instead_of_waiting_on_themselves(tmp_path):
+    """flock is per open file: the second member's hold of a dir its own process held waited for ever."""
+    cfgs = [plain(*CNN, "trainer.max_epochs=1", f"seed={k}") for k in range(2)]
+    results = train_members(cfgs, [tmp_path / "same", tmp_path / "same"])
+    assert isinstance(results[1], RuntimeError) and "already being trained by this process" in str(results[1])
+    assert results[0]["status"] == "completed"

@@ -11,6 +11,7 @@ protocol.py), never through a key of their config; a retry runs under its origin
 """
 
 import logging
+import os
 import time
 import uuid
 import warnings
@@ -220,7 +221,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         root = Path(self.sweep_dir)
         path = root / OWNER_FILE
         runs = root.is_dir() and any(p.is_dir() and p.name.isdigit() for p in root.iterdir())
-        owner = path.read_text().strip() if path.is_file() else None
+        owner = (path.read_text().strip() or None) if path.is_file() else None  # empty: a writer mid-write
         if owner is None and runs:
             try:
                 self.storage.get_study_id_from_name(self.name)
@@ -234,7 +235,9 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
                 "(or resume that study with its own name)")
         if self.worker_id == 0 and (not path.is_file() or owner != self.name):
             root.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.name + "\n")
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(self.name + "\n")
+            os.replace(tmp, path)  # whole or absent: another worker never reads half a name
 
     def _open_study(self) -> optuna.Study:
         try:
