@@ -71,7 +71,8 @@ def test_logger_none_imports_neither_package(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+    # the run's own records and its lock; no tracker's files
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "config.json", "metrics.jsonl", "summary.json"]
 
 
 class StopAt:

@@ -151,10 +151,13 @@ def test_the_trial_reaches_the_job_outside_its_config_and_override_dirname(tmp_p
 
 
 def test_study_name_null_makes_a_new_study_on_every_run(tmp_path):
-    """As in HOS: no study name, a fixed storage, run twice -> two studies, each with the full n_trials."""
-    args = ["x=interval(0,1)", "hydra.sweeper.study_name=null", "hydra.sweeper.n_trials=3"]
-    sweep(tmp_path, *args)
-    sweep(tmp_path, *args)
+    """As in HOS: no study name, a fixed storage, run twice -> two studies, each with the full n_trials. Each run
+    in a sweep dir of its own, as Hydra's default (timestamped) gives it: one dir holds one study's runs."""
+    args = ["x=interval(0,1)", "hydra.sweeper.study_name=null", "hydra.sweeper.n_trials=3",
+            f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db"]
+    for run_dir in ("first", "second"):
+        (tmp_path / run_dir).mkdir()
+        sweep(tmp_path / run_dir, *args)
     summaries = optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/optuna.db")
     assert len(summaries) == 2 and [s.n_trials for s in summaries] == [3, 3]
     assert all(s.study_name.startswith("app-") for s in summaries)
