@@ -196,7 +196,8 @@ def load_runs(paths: PathLike | Iterable[PathLike], optuna_state: bool = True) -
     """One row per run dir under ``paths``: dotted config columns, summary.json fields, run_dir.
 
     Runs without summary.json get status 'running', or 'not started' without metrics.jsonl either (a start its
-    checks refused); 'failed' when their trial, named by the run's Hydra record, was told FAIL. Every row gets the flags ``stalled`` and ``low_lr_stop``
+    checks refused); 'failed' when their trial, named by the run's Hydra record, was told FAIL. Every row gets the
+    flags ``stalled`` and ``low_lr_stop``
     (see :func:`result_flags`); a stalled run is a completed result, also when it was written before that contract.
     When a run is an Optuna trial whose storage
     (summary key ``study_storage``; config key ``trial.storage`` in runs written before it) can be opened,

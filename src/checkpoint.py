@@ -95,7 +95,8 @@ def check_resumable(path: Path, saved: Mapping[str, Any], current: Mapping[str, 
     if diff:
         raise ValueError(
             f"{path} was written by a run with a different config, so this start cannot resume it:\n  "
-            + "\n  ".join(diff) + "\nfix: use a new run dir (hydra.run.dir=..., or hydra.sweep.dir=... for a -m sweep), or trainer.resume=never to move "
+            + "\n  ".join(diff) + "\nfix: use a new run dir (hydra.run.dir=..., or hydra.sweep.dir=... for a -m "
+            "sweep), or trainer.resume=never to move "
             "the old run's files aside and start over (only stop limits, threads and progress may change)")
 
 

@@ -120,7 +120,8 @@ def _check_removed_keys(cfg: Mapping[str, Any]) -> None:
     if "scale_lr_by_width" in (cfg.get("optimizer") or {}):
         raise ValueError(
             "optimizer.scale_lr_by_width was removed: the lr is now the same constant at every model width "
-            "(PyTorch's standard parametrisation, where one SGD step moves a cnn's logits within a factor of 2 from C1 = 1 to 32). "
+            "(PyTorch's standard parametrisation, where one SGD step moves a cnn's logits within a factor of 2 from "
+            "C1 = 1 to 32). "
             "The EPFL paper's eta_eff = eta / h belongs to its own parametrisation with 1/h gradients (sec. 3.2); "
             "dividing the lr by the width here shrank the step h-fold. Fix: drop the key and set optimizer.lr "
             "(e.g. 0.05 with optimizer=sgd)")

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "Reporter", "TrialIdentity", "TrialTakenOver", "config_differences", "current_trial", "declare_app", "declared_grid",
+__all__ = ["ENV", "Reporter", "TrialIdentity", "TrialTakenOver", "config_differences", "current_trial", "declare_app",
+           "declared_grid",
            "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
            "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "trial_of_env",
            "trial_of_hydra", "trial_of_run_dir"]
@@ -187,7 +188,8 @@ def declare_app(objective: str | None = None, direction: Callable[[str], str] | 
     contradicts it is refused before any trial (an accuracy minimised would look like a finished study).
     ``runtime_keys`` are config keys (each with everything under it) that a rerun may change without changing what a
     trial computes, such as threads and progress bars: the recipe check that guards a resumed study ignores them.
-    Not a trial's length: finished trials keep theirs, so a study resumed under another would mix two budgets. An app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
+    Not a trial's length: finished trials keep theirs, so a study resumed under another would mix two budgets. An
+    app that declares nothing gets ``minimize`` (hydra-optuna-sweeper's default) and a recipe check
     over every key but ``hydra``.
 
     ``stacker`` is the module path of the app's stacked training, for the vectorized launcher
