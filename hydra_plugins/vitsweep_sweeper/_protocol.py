@@ -255,17 +255,23 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
 
 
 @contextlib.contextmanager
-def file_lock(path: str | Path) -> Iterator[None]:
+def file_lock(path: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """An exclusive POSIX lock on ``path`` (created if absent) for the block: processes on one machine take turns
-    (the sweeper's storage creation and claims, the trainer's start-up probe cache). Without ``fcntl`` (Windows)
-    the block runs unlocked."""
+    (the sweeper's storage creation and claims, the trainer's start-up probe cache, a run's dir). ``on_wait()`` is
+    called once when another process holds it, before waiting. Without ``fcntl`` (Windows) the block runs
+    unlocked."""
     try:
         import fcntl
     except ImportError:
         yield
         return
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
