@@ -13,14 +13,13 @@ import json
 import logging
 import math
 import os
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hydra_plugins.vitsweep_sweeper.protocol import file_lock
 from src.checkpoint import atomic_write, save_checkpoint
 from src.trackers import Trackers
 
@@ -40,64 +39,34 @@ LOCK = ".lock"  # a run's process holds an exclusive flock on it while it trains
 
 
 @contextlib.contextmanager
-def hold_run_dir(run_dir: Path, poll_s: float = 1.0, log_every_s: float = 600.0) -> Iterator[None]:
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir`` for this process while it trains, waiting while another process holds it.
 
     A sweep retries a trial whose worker stopped answering in that trial's run dir; a worker that was only
     suspended (SIGSTOP, a Slurm suspend, a frozen VM) then wakes beside its retry. Unlocked, both wrote into one
     dir: the retry's completed summary was overwritten with the woken run's error, and its checkpoint lost. Held,
     the retry waits until the first process ends (its lock goes with its process, even under SIGKILL), then
-    resumes from what that one left. The lock is ``flock`` on ``run_dir/.lock``, which is never moved aside; on a
-    file system without flock it warns and goes on unlocked. On NFS its reach is the mount's: across hosts with
-    lock support, this host only under ``nolock`` or ``local_lock=flock``. A second hold of one dir in this
-    process raises (it would wait on itself)."""
-    path = run_dir / LOCK
+    resumes from what that one left. The lock is ``protocol.file_lock`` on ``run_dir/.lock``, which is never moved
+    aside. On NFS its reach is the mount's: across hosts with lock support, this host only under ``nolock`` or
+    ``local_lock=flock``. A second hold of one dir in this process raises (it would wait on itself)."""
     key = os.path.realpath(run_dir)
     if key in _HELD:  # flock is per open file: a second hold in this process would wait on itself for ever
         raise RuntimeError(f"{run_dir} is already being trained by this process (two runs given one run dir?): "
                            "give each run its own dir (hydra.sweep.subdir must hold the job number)")
     _HELD.add(key)
+
+    def waiting() -> None:
+        log.warning("%s is in use by another process (a retried trial whose first worker is still alive?): waiting "
+                    "for it to end, then resuming from what it leaves", run_dir)
+
     try:
-        with _locked(path, run_dir, poll_s, log_every_s):
+        with file_lock(run_dir / LOCK, on_wait=waiting):
             yield
     finally:
         _HELD.discard(key)
 
 
 _HELD: set[str] = set()  # the run dirs this process holds
-
-
-@contextlib.contextmanager
-def _locked(path: Path, run_dir: Path, poll_s: float, log_every_s: float) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a+") as f:
-        waited, last_log = 0.0, -math.inf
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if waited - last_log >= log_every_s:
-                    f.seek(0)
-                    holder = f.read().strip() or "another process"
-                    log.warning("%s is in use by %s (a retried trial whose first worker is still alive?): waiting "
-                                "for it to end, then resuming from what it leaves", run_dir, holder)
-                    last_log = waited
-                time.sleep(poll_s)
-                waited += poll_s
-            except OSError as e:  # no flock here (some network file systems)
-                log.warning("cannot lock %s (%s): training without the run-dir lock", path, e)
-                yield
-                return
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def writable_run_dir(run_dir: str | os.PathLike) -> Path:
@@ -144,17 +113,17 @@ class RunRecorder:
         self.rows += 1
         self.trackers.log_metrics(row)
 
-    def summary(self, summary: dict[str, Any]) -> None:
+    def summary(self, summary: dict[str, Any], cfg: dict[str, Any]) -> None:
+        """``summary.json``, and first ``config.json``: the resolved config this start of the run ended under. The
+        analysis reads that config for a run with a summary (Hydra rewrites ``.hydra/`` before a refused start's
+        checks), and with checkpoints on it says the run is done where they are gone
+        (``src.trainer.finished_without_checkpoint``)."""
+        text = json.dumps(cfg, indent=1)
+        atomic_write(self.dir / "config.json", lambda f: f.write((text + "\n").encode()))
         text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2)
         atomic_write(self.dir / "summary.json", lambda f: f.write((text + "\n").encode()))
         self.trackers.log_summary(summary)  # the end of this start of the run: its tracker runs end too
         self.trackers.close()
-
-    def config(self, cfg: dict[str, Any]) -> None:
-        """``config.json``: the resolved config the run ended under, beside its summary (what says the run is done
-        where its checkpoints are gone: ``src.trainer.finished_without_checkpoint``)."""
-        text = json.dumps(cfg, indent=1)
-        atomic_write(self.dir / "config.json", lambda f: f.write((text + "\n").encode()))
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         save_checkpoint(self.dir, state)

@@ -406,8 +406,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
             except Exception as e:  # the stacked step itself failed: every member still training records it
                 for k, s in members.items():
                     if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
-                        s.recorder.config(s.cfg)
-                        s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"))
+                        s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"), s.cfg)
                     results[k] = e
             else:
                 for k, summary in results_by_member.items():

@@ -334,10 +334,7 @@ def finish(state: RunState, reason: str, checkpoint: bool = True) -> dict[str, A
     if checkpoint and state.cfg["trainer"].get("checkpoint", True) and reason not in ("nonfinite_loss", "error"):
         state.recorder.checkpoint(state.state_dict())
     summary = summarise(state, reason)
-    # the config the run ended under: what the analysis reads (a refused start rewrites .hydra/ first) and, with
-    # checkpoints on, what says the run is done where they are gone (finished_without_checkpoint)
-    state.recorder.config(state.cfg)
-    state.recorder.summary(summary)
+    state.recorder.summary(summary, state.cfg)
     warn_about_stop(summary, state.rules)
     return summary
 
@@ -493,9 +490,8 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
                     # SIGTERM: its retry, waiting for this run dir, resumes from the last checkpoint
                     taken = isinstance(e, TrialTakenOver)
                     reason = "interrupted" if isinstance(e, KeyboardInterrupt) or taken else "error"
-                    state.recorder.config(state.cfg)  # the config of this start, beside its summary
                     state.recorder.summary(summarise(state, reason, None if reason == "interrupted" and not taken
-                                                     else f"{type(e).__name__}: {e}"))
+                                                     else f"{type(e).__name__}: {e}"), state.cfg)
                     raise
             summary = finish(state, reason)
             if reason == "interrupted" and stop.signum is not None:
