@@ -716,8 +716,9 @@ def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: i
 
     n_train: among the pilot sizes whose threshold (at the chosen lr and the largest noise level, or ``noise``)
     leaves at least two underfitting pilot widths below it, the one whose threshold is closest to ``target`` (the
-    published threshold) on a log scale. Grid: ``suggest_grid`` around that threshold. Seeds: the fewest in
-    ``min_seeds..max_seeds`` whose smallest detectable contrast is at most the published effect (else ``max_seeds``).
+    published threshold) on a log scale. Grid: ``suggest_grid`` around that threshold, on the ladder's multiples of a
+    ViT pilot's head count. Seeds: the fewest in ``min_seeds..max_seeds`` whose smallest detectable contrast is at
+    most the published effect (else ``max_seeds``).
     """
     th = p["thresholds"]
     noise = th[NOISE].max() if noise is None else noise
@@ -728,24 +729,22 @@ def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: i
     row = ok.sort_values(["dist", "threshold"]).iloc[0]
     sd = p["spread"].power_sd
     seeds = next((k for k in range(min_seeds, max_seeds + 1) if mde(sd, k) <= p["effect"]), max_seeds)
-    out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"]), "seeds": seeds,
+    ladder = tuple(w for w in LADDER if w % p["heads"] == 0) if p.get("heads") else LADDER  # dims a ViT can take
+    out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"], ladder), "seeds": seeds,
            "mde": mde(sd, seeds)}
     if "dataset.n_train" in th:
         out["n_train"] = int(row["dataset.n_train"])
     return out
 
 
-def main_overrides(m: dict, lr: float | None, width: str = "model.width", pilot_seeds: tuple = (),
-                   divisor: int | None = None) -> list[str]:
-    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule): the pilot's own width key (a
-    ViT's ``model.dim``, kept to multiples of ``divisor``, its head count), and fresh seeds after the pilot's."""
+def main_overrides(m: dict, lr: float | None, width: str = "model.width", first_seed: int = 0) -> list[str]:
+    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule), on the pilot's width key, with
+    ``m["seeds"]`` seeds from ``first_seed``."""
     out = [] if lr is None else [f"optimizer.lr={lr:g}"]
     if "n_train" in m:
         out.append(f"dataset.n_train={m['n_train']}")
-    grid = m["grid"] if not divisor else suggest_grid(m["threshold"], tuple(w for w in LADDER if w % divisor == 0))
-    out.append(f"{width}=choice(" + ",".join(f"{w:g}" for w in grid) + ")")
-    first = int(max(pilot_seeds)) + 1 if len(pilot_seeds) else 0
-    out.append("seed=choice(" + ",".join(str(s) for s in range(first, first + m["seeds"])) + ")")
+    out.append(f"{width}=choice(" + ",".join(f"{w:g}" for w in m["grid"]) + ")")
+    out.append("seed=choice(" + ",".join(str(s) for s in range(first_seed, first_seed + m["seeds"])) + ")")
     return out
 
 
@@ -941,7 +940,8 @@ def main(argv: list[str] | None = None) -> int:
             if not m:
                 print("no pilot size leaves two underfitting widths below its threshold", file=sys.stderr)
                 return 1
-            print(" ".join(main_overrides(m, p["lr"], p["width"], p["pilot_seeds"], p["heads"])))
+            fresh = int(max(p["pilot_seeds"])) + 1 if p["pilot_seeds"] else 0  # the main run's seeds follow the pilot's
+            print(" ".join(main_overrides(m, p["lr"], p["width"], fresh)))
             return 0
         if a.json:
             print(json.dumps({"lr": p["lr"], "thresholds": p["thresholds"].to_dict("records"),
