@@ -64,20 +64,19 @@ class RecipeChecks:
                     where.setdefault(line, []).append(name)
             diff = [line if len(names) == len(common) else f"{line} (in {', '.join(names)})"
                     for line, names in where.items()]
-        if diff and not any(t.state in KEEPS_RECIPE for t in trials):  # e.g. every trial failed for a wrong root
-            raise ValueError(
-                f"hydra.sweeper.study_name={self.name!r}: this study in {storages.safe(self.url)} has no trial that "
-                f"ran to a result ({len(trials)} failed or waiting), and it was started with other values:\n  "
-                + "\n  ".join(diff) + "\nits failed trials count as done, so rerunning it would train nothing. fix: "
-                "start it afresh: move its sweep dir aside (hydra.sweep.dir; the storage is "
-                f"{storages.safe(self.url)}) or give the new values a folder of their own (another hydra.sweep.dir "
-                "and hydra.sweeper.study_name)")
-        if diff:
-            raise ValueError(
-                f"hydra.sweeper.study_name={self.name!r}: this study in {storages.safe(self.url)} was started with "
-                "another recipe, so resuming it would mix two experiments:\n  " + "\n  ".join(diff)
-                + "\nfix: restore those values to finish the study, or start a new one in its own folder (another "
-                "hydra.sweep.dir and hydra.sweeper.study_name)")
+        if not diff:
+            return
+        where = f"hydra.sweeper.study_name={self.name!r}: this study in {storages.safe(self.url)}"
+        new_folder = "give the new values a folder of their own (another hydra.sweep.dir and hydra.sweeper.study_name)"
+        if any(t.state in KEEPS_RECIPE for t in trials):
+            why = "was started with another recipe, so resuming it would mix two experiments"
+            fix = f"restore those values to finish the study, or {new_folder}"
+        else:  # e.g. every trial failed for a wrong dataset.root: "restore those values" would train nothing
+            why = (f"has no trial that ran to a result ({len(trials)} failed or waiting), and it was started with "
+                   "other values")
+            fix = ("its failed trials count as done, so rerunning it would train nothing: start it afresh (move its "
+                   f"sweep dir aside) or {new_folder}")
+        raise ValueError(f"{where} {why}:\n  " + "\n  ".join(diff) + f"\nfix: {fix}")
 
     def _check_grid(self, study_id: int) -> None:
         """A grid study resumes only with its own grid: its points so far were claimed from that grid, so another
