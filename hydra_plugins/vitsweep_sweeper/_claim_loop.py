@@ -87,7 +87,7 @@ class ClaimLoop:
         """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
         has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one). A second
         Ctrl-C or SIGTERM meanwhile is ignored, so it cannot leave a trial failed without its retry."""
-        why = f"worker {liveness.owner_id()} stopped answering (interrupted: {type(e).__name__} {e})"
+        why = f"worker {liveness.owner_id()} was stopped mid-trial ({type(e).__name__} {e}) and handed it back"
         with signals_ignored(), storages.claim_lock(self.url, self.storage, studies.study_id(study)):
             for t in trials:
                 frozen = self.storage.get_trial(studies.trial_id(t))
