@@ -70,7 +70,7 @@ from scipy import optimize, stats
 from analysis.double_descent import descent_curves, width_column
 from analysis.load import completed_only, load_runs, one_run_per_seed, require_columns, studies_of
 from analysis.tables import to_markdown
-from src.run_contract import RUNTIME_KEYS
+from src.run_contract import STUDY_RUNTIME_KEYS
 
 NOISE = "label_noise.p"
 LR = "optimizer.lr"
@@ -100,9 +100,10 @@ STOP_RULE_KEYS = ("trainer.converge_epochs", "trainer.converge_tol")  # what the
 
 
 def recipe_keys(df: pd.DataFrame, free: tuple | set = ()) -> list[str]:
-    """The config keys of ``df`` that define its recipe: not runtime keys (``RUNTIME_KEYS``, ``hydra.*``,
-    ``logger.*``, ``trial.*``) and not in ``free`` (what a grid varies)."""
-    skip = (*RUNTIME_KEYS, "hydra", "logger", "trial")
+    """The config keys of ``df`` that define its recipe: not runtime keys (``STUDY_RUNTIME_KEYS``, ``hydra.*``,
+    ``logger.*``, ``trial.*``) and not in ``free`` (what a grid varies). The stop limits (``max_epochs``,
+    ``max_steps``, ``max_wall_s``) are the recipe's: a run stopped by one still ends ``completed``."""
+    skip = (*STUDY_RUNTIME_KEYS, "hydra", "logger", "trial")
     return [k for k in df.attrs.get("config_columns", []) if k in df and k not in free
             and not any(k == r or k.startswith(r + ".") for r in skip)]
 
@@ -394,9 +395,10 @@ def follows(c: pd.DataFrame, key: str, width: str) -> bool:
     return per_width.nunique() == len(per_width)
 
 
-def threshold(c: pd.DataFrame, width: str, tol: float) -> float:
-    """Smallest width whose mean final train error over its unflagged runs is at most ``tol`` (NaN if none)."""
-    ok = c[~_flagged(c)]
+def threshold(c: pd.DataFrame, width: str, tol: float, flagged: bool = False) -> float:
+    """Smallest width whose mean final train error over its unflagged runs (``flagged``: over all its runs) is at
+    most ``tol`` (NaN if none)."""
+    ok = c if flagged else c[~_flagged(c)]
     means = ok.groupby(width)["train_error"].mean().sort_index()
     fits = means[means <= tol]
     return float(fits.index[0]) if len(fits) else np.nan
@@ -420,19 +422,35 @@ def thresholds(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) ->
     return pd.DataFrame(rows)
 
 
-def critical(c: pd.DataFrame, width: str, tol: float) -> float:
+def critical(c: pd.DataFrame, width: str, tol: float, flagged: bool = False) -> float:
     """The widest grid width below the threshold whose mean train error (unflagged runs) is above ``tol``: the
     width that just fails to fit its labels (NaN without a threshold or with nothing below it)."""
-    t = threshold(c, width, tol)
+    t = threshold(c, width, tol, flagged)
     below = [w for w in sorted(c[width].unique()) if np.isfinite(t) and w < t]
     return float(below[-1]) if below else np.nan
 
 
-def center(c: pd.DataFrame, width: str, tol: float, rule: str) -> float:
-    """The width a peak is tested at: ``critical`` (the declared rule) or ``threshold`` (a sensitivity check)."""
+def center(c: pd.DataFrame, width: str, tol: float, rule: str, flagged: bool = False) -> float:
+    """The width a peak is tested at: ``critical`` (the declared rule) or ``threshold`` (a sensitivity check);
+    ``flagged``: with the collapsed and stalled runs' train errors counted (see ``deciding_flags``)."""
     if rule not in CENTERS:
         raise ValueError(f"center={rule!r}: choose one of {CENTERS}")
-    return critical(c, width, tol) if rule == "critical" else threshold(c, width, tol)
+    return critical(c, width, tol, flagged) if rule == "critical" else threshold(c, width, tol, flagged)
+
+
+def deciding_flags(c: pd.DataFrame, width: str, tol: float, rule: str) -> int:
+    """Flagged (collapsed or stalled) runs that decide where the test is centred: the centre is read without them,
+    so where counting their train errors would move it, they are counted (at the widths up to the threshold read
+    without them); else 0. Three of four seeds collapsed at the threshold width left the fourth to place it."""
+    t = center(c, width, tol, rule)
+    if _same(t, center(c, width, tol, rule, flagged=True)):
+        return 0
+    upto = threshold(c, width, tol)
+    return int(_flagged(c[c[width] <= upto] if np.isfinite(upto) else c).sum())
+
+
+def _same(a: float, b: float) -> bool:
+    return (np.isnan(a) and np.isnan(b)) or a == b
 
 
 CENTERS = ("critical", "threshold")
@@ -504,7 +522,7 @@ def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
     designs were declared, and the exact height at which each test has power ``sqrt(power)`` by the noncentral t:
     the sum is the larger from 4 seeds on (conservative), the exact height at 2 and 3 (the sum gave each test power
     0.851 at 2 seeds, a joint power near 0.72; 0.893 at 3)."""
-    if k < 2 or not np.isfinite(sd):
+    if k < 2 or not np.isfinite(sd) or sd <= 0:  # no spread measured: no power figure (not "detects everything")
         return np.nan
     crit = stats.t.ppf(1 - alpha, k - 1)
     approx = (crit + stats.t.ppf(np.sqrt(power), k - 1)) / np.sqrt(k)
@@ -617,13 +635,18 @@ class PeakTest:
 
 
 def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
-            missing: str | None = None, unread: str | None = None, no_p: str | None = None) -> str:
+            missing: str | None = None, unread: str | None = None, no_p: str | None = None,
+            deciding: int = 0) -> str:
     """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring.
-    ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value."""
+    ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value; ``deciding``: flagged
+    runs that decide where the test is centred (``deciding_flags``)."""
     if missing:
         return f"inconclusive (grid unfinished: {missing})"
     if unread:
         return f"inconclusive ({unread}: score it again or rerun it)"
+    if deciding:
+        return (f"inconclusive ({deciding} collapsed or stalled runs decide the threshold: counted, they move the "
+                "tested width; rerun them under a stable recipe)")
     if flagged:
         return f"inconclusive ({flagged} collapsed or stalled runs at the tested widths)"
     if not np.isfinite(p):
@@ -672,6 +695,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
         flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
+        deciding = deciding_flags(c, width, tol, rule) if len(c) else 0
         k = len(d)
         p = np.nan
         no_p = None
@@ -685,7 +709,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
         detectable = mde(pilot_sd, k, alpha)
-        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p)
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p, deciding)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
                             own, detectable, effect, says))
@@ -901,6 +925,18 @@ def compare_markdown(pairs: pd.DataFrame, width: str) -> str:
             f"{d.abs().max():.4f}. A device check, not a test.\n\n" + to_markdown(per) + "\n")
 
 
+def _fraction(text: str) -> float:
+    """argparse type of ``--effect``: an error fraction, so 5 (percent) cannot make every design powerful."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = np.nan
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the published effect as a test-error fraction in (0, 1), "
+                                         "e.g. 0.05 for 5 points")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.design", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -926,7 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--center", choices=CENTERS, default="critical",
                        help="the width a peak is tested at (critical: the declared rule; threshold: sensitivity)")
         p.add_argument("--tol", type=float, default=0.01, help="train error counted as interpolating")
-        p.add_argument("--effect", type=float, default=0.05, help="the published peak, as a test-error contrast")
+        p.add_argument("--effect", type=_fraction, default=0.05, help="the published peak, as a test-error contrast")
         p.add_argument("--out", help="also write the Markdown here")
     a = ap.parse_args(argv)
     if a.cmd == "plan":

@@ -58,17 +58,49 @@ def completed_only(df: pd.DataFrame, who: str, status: str | None = "completed")
 def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who: str,
                      seed_col: str = "seed") -> pd.DataFrame:
     """``df`` with runs that repeat a (``keys``, seed) averaged into one row, so a repeat (the same grid read from
-    two folders, a rerun beside the first run) never counts as an extra seed; warns when it averages."""
+    two folders, a rerun beside the first run) never counts as an extra seed; warns when it averages.
+
+    Runs that differ in a recipe key (a config key not in ``keys``, runtime keys aside: another dropout, weight
+    decay, data file or stop limit) are not repeats of one seed but two settings: raises, naming the key, since
+    averaged they would read as one seed of a smaller spread (``analysis.design.spread``'s power with it)."""
     if seed_col not in df.columns or df[seed_col].isna().all():
         return df
     cols = [*keys, seed_col]
     dup = df.duplicated(cols, keep=False) & df[seed_col].notna()  # runs without a seed are never repeats
     if not dup.any():
         return df
+    differ = _recipe_differences(df[dup], cols)
+    if differ:
+        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        raise ValueError(f"{who}: runs of one ({', '.join(cols)}) differ in {named}: two recipes, not one seed run "
+                         f"twice; keep them apart (by={[*differ]!r}, or a groupby on them) or read one study's folders")
     warnings.warn(f"{who}: {int(dup.sum())} runs repeat a seed of the same setting ({', '.join(cols)}); each "
                   "seed's runs are averaged and counted once", stacklevel=3)
     merged = df[dup].groupby(cols, dropna=False, sort=False, as_index=False)[metrics].mean()
     return pd.concat([df.loc[~dup, [*cols, *metrics]], merged], ignore_index=True)
+
+
+def _recipe_differences(df: pd.DataFrame, cols: list[str]) -> dict[str, list[str]]:
+    """Config keys (runtime keys aside) whose value differs within a group of ``cols`` -> the values seen."""
+    skip = (*contract.STUDY_RUNTIME_KEYS, "hydra", "logger", "trial")
+    keys = [k for k in df.attrs.get("config_columns", []) if k in df and k not in cols
+            and not any(k == r or k.startswith(r + ".") for r in skip)]
+    out = {}
+    for k in keys:
+        v = df[k].map(_norm)
+        if (v.groupby([df[c] for c in cols], dropna=False).nunique(dropna=False) > 1).any():
+            out[k] = sorted({str(x) for x in v})
+    return out
+
+
+def _norm(v):
+    """One spelling of a config value: 8, 8.0 and "8" alike; NaN and None alike."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "nan"
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
 
 
 def find_run_dirs(paths: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -916,3 +916,69 @@ def test_the_main_runs_overrides_use_the_pilots_width_key_head_multiples_and_fre
     assert dims and "model.width" not in line, line
     assert all(int(d) % 4 == 0 for d in dims.group(1).split(",")), line
     assert "seed=choice(2,3,4,5,6,7)" in line, line  # the declared main run's fresh seeds
+
+
+def test_a_curve_whose_widths_ran_under_different_step_or_wall_limits_is_refused(tmp_path):
+    """Review 2026-11-29 (stats, 1): the recipe check skipped every runtime key, the stop limits among them, so a
+    curve whose narrow widths stopped at 100 steps and wide ones at 100,000 ("completed" both) read "not
+    reproduced", the tested width compared against a neighbour cut short. A study's limits are its recipe."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,))
+    for config in root.glob("*/.hydra/config.yaml"):
+        text = config.read_text()
+        narrow = any(f"width: {w}\n" in text for w in (1, 2, 3, 4))
+        config.write_text(text.replace("trainer:\n", f"trainer:\n  max_steps: {100 if narrow else 100000}\n"))
+    with pytest.raises(ValueError, match=r"widths differ in trainer\.max_steps"):
+        design.peak_tests(load_runs(root), pilot_sd=0.015, effect=0.05)
+
+
+def test_the_pilots_spread_refuses_two_recipes_read_as_repeats_of_one_seed(tmp_path):
+    """Review 2026-11-29 (stats, 2 and 8): two pilot folders of different recipes (here dropout 0 and 0.3) were
+    averaged per (width, seed) as if one seed had run twice: the averaged seed spread shrank (a ratio of 0.70 in
+    simulation) and the smallest detectable peak with it. Runs that differ in a recipe key are never one seed's."""
+    a = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    b = write_pilot(tmp_path / "b", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    for config in b.glob("*/.hydra/config.yaml"):
+        config.write_text(config.read_text().replace("model:\n", "model:\n  dropout: 0.3\n"))
+    for config in a.glob("*/.hydra/config.yaml"):
+        config.write_text(config.read_text().replace("model:\n", "model:\n  dropout: 0.0\n"))
+    with pytest.raises(ValueError, match=r"differ in model\.dropout \(0\.0, 0\.3\)"):
+        design.spread(load_runs([a, b]))
+    from analysis import descent_curves
+    with pytest.raises(ValueError, match=r"model\.dropout.*by="):
+        descent_curves(load_runs([a, b]))
+    assert len(descent_curves(load_runs([a, b]), by=["model.dropout"]))  # the fix the message names
+
+
+def test_a_collapse_that_decides_the_threshold_makes_the_verdict_inconclusive(tmp_path):
+    """Review 2026-11-29 (stats, 4): flagged runs were counted only at the three tested widths (6 against 3 and 12),
+    and left out of the threshold's mean: with 3 of 4 seeds collapsed at C1 = 8 the surviving seed alone made 8
+    the threshold, and the verdict read "not reproduced"."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,))
+    df = load_runs(root)
+    flat = df.assign(test_error=np.where(df["model.width"] == 6, df["test_error"] - BUMP, df["test_error"]))
+    at8 = (flat["model.width"] == 8) & (flat["seed"] < 3)
+    flat.loc[at8, ["train_error", "collapsed"]] = [0.9, True]
+    (test,) = design.peak_tests(flat, pilot_sd=0.015, effect=0.05)
+    assert (test.center, test.left, test.right) == (6.0, 3.0, 12.0)
+    assert test.verdict.startswith("inconclusive (3 collapsed or stalled runs decide the threshold")
+    # a collapse far from the threshold (C1 = 32, well past it) decides nothing and tests nothing
+    far = flat.copy()
+    far.loc[at8, ["train_error", "collapsed"]] = [0.0, False]
+    far.loc[(far["model.width"] == 32) & (far["seed"] == 0), ["train_error", "collapsed"]] = [0.9, True]
+    (test,) = design.peak_tests(far, pilot_sd=0.015, effect=0.05)
+    assert test.verdict == "not reproduced"
+
+
+def test_a_pilot_without_spread_gives_no_power_and_no_verdict_of_absence():
+    """Review 2026-11-29 (stats, 6): a pilot sd of 0 gave a smallest detectable peak of 0, and "not reproduced"."""
+    assert np.isnan(design.mde(0.0, 4)) and np.isnan(design.mde(-0.1, 4))
+    assert design.verdict(0.5, -0.01, design.mde(0.0, 4), 0.05, 0).startswith("inconclusive")
+
+
+def test_the_effect_must_be_an_error_fraction(tmp_path, capsys):
+    """Review 2026-11-29 (stats, B): --effect 5 (percent by mistake) made every design powerful enough."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1), lrs=(0.02,), sizes=(8192,))
+    for bad in ("5", "0", "-0.05"):
+        with pytest.raises(SystemExit):
+            design.main(["test", str(root), "--pilot", str(root), "--effect", bad])
+        assert "a test-error fraction in (0, 1)" in capsys.readouterr().err
