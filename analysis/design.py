@@ -25,8 +25,9 @@ W is the **critical width** (``center='critical'``): the widest grid width below
 just fails to fit its labels, where Nakkiran et al.'s peak sits (their critical regime: the model can barely fit
 the training set); ``center='threshold'`` tests at T itself and is reported as a sensitivity check. W comes from the
 main run's train errors only, so the widths tested are fixed without looking at any test error. The power figure
-uses the pooled seed sd of both contrasts, measured the same way on the pilot (``Spread.power_sd``: where no pilot
-contrast had a neighbour on each side, sqrt(2) x one width's seed sd, and the output says which).
+uses the seed sd of the noisier of the two contrasts, measured the same way on the pilot (``Spread.power_sd``: a
+peak needs both tests, so the noisier side sets the joint power; where no pilot contrast had a neighbour on each
+side, sqrt(2) x one width's seed sd, and the output says which).
 
 ``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
@@ -537,35 +538,54 @@ def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
 @dataclass
 class Spread:
     contrast_sd: float  # pooled sd over seeds of the two peak contrasts
-    dof: int
+    dof: int  # of contrast_sd: both sides' (each side has half)
     width_sd: float  # pooled sd over seeds of one width's test error
     curves: int
+    left_sd: float = np.nan  # pooled sd over seeds of the left contrast alone (dof / 2)
+    right_sd: float = np.nan  # and of the right
+
+    @property
+    def side(self) -> str | None:
+        """The noisier contrast, ``left`` or ``right`` (None without both sides' sds)."""
+        if not (np.isfinite(self.left_sd) and np.isfinite(self.right_sd)):
+            return None
+        return "left" if self.left_sd >= self.right_sd else "right"
 
     @property
     def power_sd(self) -> float:
-        """The sd the power figure uses: the pilot's contrast sd; where no pilot curve had a contrast with both
-        neighbours (0 dof), sqrt(2) x one width's sd, the contrast's sd if the two widths' errors were independent
-        (seeds share data and labels across widths, so the paired contrast's true sd is at most this when the
-        errors correlate positively)."""
-        return self.contrast_sd if self.dof else float(np.sqrt(2) * self.width_sd)
+        """The sd the power figure uses: the pilot's larger one-side contrast sd, since a peak needs both one-sided
+        tests to reject and the noisier side sets the joint power (the two sides' pooled sd overstated it: joint power
+        0.68-0.70 at the printed mde with sides of sd 0.039 and 0.007; found 2026-11-29); with no sides' sds, the
+        pooled one; where no pilot curve had a contrast with both neighbours (0 dof), sqrt(2) x one width's sd, the
+        contrast's sd if the two widths' errors were independent (seeds share data and labels across widths, so the
+        paired contrast's true sd is at most this when the errors correlate positively)."""
+        if not self.dof:
+            return float(np.sqrt(2) * self.width_sd)
+        return self.contrast_sd if self.side is None else max(self.left_sd, self.right_sd)
 
     def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
-        """The ``level`` chi-square interval of the pilot's contrast sd (NaNs without a contrast): the power figure
-        takes the sd as known, so the smallest detectable peak is uncertain in the same proportion.
+        """The ``level`` chi-square interval of ``power_sd`` (NaNs without a contrast): the power figure takes the
+        sd as known, so the smallest detectable peak is uncertain in the same proportion. One side's sd has
+        ``dof / 2`` independent degrees of freedom (each seed of each curve once).
 
-        A seed's left and right contrasts share the centre width's error (correlation 0.5 when the widths' errors
-        are independent), so their ``dof`` squared deviations carry ``dof / (1 + 0.5^2)`` degrees of freedom (the
-        effective dof of two such sample variances pooled); counted as ``dof`` the interval covered 92-93%, with
-        this 95-96% (tests/test_design.py)."""
+        For the pooled sd of both sides: a seed's left and right contrasts share the centre width's error
+        (correlation 0.5 when the widths' errors are independent), so their ``dof`` squared deviations carry
+        ``dof / (1 + 0.5^2)`` degrees of freedom (the effective dof of two such sample variances pooled); counted as
+        ``dof`` the interval covered 92-93%, with this 95-96% (tests/test_design.py)."""
         if not self.dof:
             return np.nan, np.nan
         a = (1 - level) / 2
-        dof = self.dof / 1.25
-        return (float(self.contrast_sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
-                float(self.contrast_sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
+        sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
+        return (float(sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
+                float(sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
 
     @property
     def power_source(self) -> str:
+        if self.dof and self.side:
+            other = "right" if self.side == "left" else "left"
+            return (f"the pilot's noisier contrast, {self.side} sd {self.power_sd:.4f} ({self.dof // 2} dof over "
+                    f"{self.curves} curves; {other} sd {min(self.left_sd, self.right_sd):.4f}): a peak needs both "
+                    "one-sided tests, so the noisier side sets the power")
         if self.dof:
             return f"the pilot's contrast sd {self.contrast_sd:.4f} ({self.dof} dof over {self.curves} curves)"
         return (f"sqrt(2) x the pilot's one-width sd {self.width_sd:.4f} = {self.power_sd:.4f} (no pilot contrast "
@@ -584,6 +604,7 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
     # peak with it; averaged into one value per seed, as every table and fit does
     df = one_run_per_seed(df, [*curve_keys(df), NOISE, width], ["test_error", "train_error"], "spread")
     ss_c = dof_c = ss_w = dof_w = curves = 0
+    ss_side = {"left": 0.0, "right": 0.0}
     for _, c in df.groupby([*curve_keys(df), NOISE], dropna=False):
         for _, g in c.groupby(width):
             if g["test_error"].count() > 1:
@@ -595,11 +616,13 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
         d, _ = peak_contrast(c, width, t)
         if len(d) > 1:
             for side in ("left", "right"):
+                ss_side[side] += d[side].var() * (len(d) - 1)
                 ss_c += d[side].var() * (len(d) - 1)
                 dof_c += len(d) - 1
             curves += 1
+    sides = {s: float(np.sqrt(2 * v / dof_c)) if dof_c else np.nan for s, v in ss_side.items()}
     return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
-                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves)
+                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"])
 
 
 LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
@@ -821,11 +844,12 @@ def plan_markdown(p: dict) -> str:
 def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical") -> str:
     rows = pd.DataFrame([asdict(t) for t in tests])
     lo, hi = pilot.sd_interval()
-    interval = (f", 95% interval {lo:.4f}-{hi:.4f}: the smallest detectable peak `mde` is uncertain in the same "
-                "proportion" if pilot.dof else "")
+    interval = (f" (95% interval {lo:.4f}-{hi:.4f}: the smallest detectable peak `mde` is uncertain in the same "
+                "proportion)" if pilot.dof else "")
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
-            f"Pilot contrast sd {pilot.contrast_sd:.4f} ({pilot.dof} dof{interval}); power from {pilot.power_source}. "
+            f"Pilot contrast sd {pilot.contrast_sd:.4f}, both sides pooled ({pilot.dof} dof); power from "
+            f"{pilot.power_source}{interval}. "
             "`contrast_sd`: this run's own pooled sd of the two contrasts over its seeds, beside the pilot's "
             "(an observation; `mde` uses the pilot's, declared before the run).\n\n"
             + to_markdown(rows) + "\n")
