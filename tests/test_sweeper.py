@@ -669,3 +669,20 @@ def test_a_jobs_trial_comes_from_its_running_hydra_config_else_from_the_run_dirs
     assert protocol.current_trial(plain) is None
     monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # no job runs: the record
     assert protocol.current_trial(run_dir) is None and protocol.current_trial(other).number == 7
+
+
+def test_a_grid_runs_whole_unless_n_trials_cuts_it_and_then_says_so(tmp_path):
+    """Review 2026-11-29 (user path, 3): a grid of 24 points under the default n_trials (20, HOS's) ran a shuffled 20
+    of them, the log saying only "budget 20 trials": a report from an uneven, random subset of the asked grid. With
+    n_trials unset a grid runs whole; set below its size, the sweep says how much of the grid it runs."""
+    for d in ("whole", "cut", "tpe"):
+        (tmp_path / d).mkdir()
+    sweep(tmp_path / "whole", "x=range(0,6)", "y=range(0,4)", "hydra/sweeper/sampler=grid")
+    assert len(load(tmp_path / "whole").get_trials(states=(TrialState.COMPLETE,))) == 24
+    proc = sweep(tmp_path / "cut", "x=range(0,6)", "y=range(0,4)", "hydra/sweeper/sampler=grid",
+                 "hydra.sweeper.n_trials=5")
+    assert len(load(tmp_path / "cut").get_trials(states=(TrialState.COMPLETE,))) == 5
+    assert "runs 5 of the grid's 24 points" in proc.stderr + proc.stdout
+    assert "hydra.sweeper.n_trials=24" in proc.stderr + proc.stdout
+    proc = sweep(tmp_path / "tpe", "x=range(0,6)", "hydra/sweeper/sampler=random")  # not a grid: HOS's 20
+    assert len(load(tmp_path / "tpe").trials) == 20

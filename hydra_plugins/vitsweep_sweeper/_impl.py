@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 OWNER_FILE = ".vitsweep-study"  # in a sweep dir: the name of the study whose runs it holds
 
 SEARCH_SPACE_URL = "https://hydra.cc/docs/upgrades/1.1_to_1.2/changes_to_sweeper_config/"
+DEFAULT_TRIALS = 20  # n_trials when unset and the sampler is not a grid: hydra-optuna-sweeper's default
 
 
 class ClaimedGridSampler(optuna.samplers.GridSampler):
@@ -62,7 +63,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         direction: Any,
         storage: str | None,
         study_name: str | None,
-        n_trials: int,
+        n_trials: int | None,
         n_jobs: int,
         max_failure_rate: float,
         search_space: DictConfig | None = None,
@@ -100,8 +101,9 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         fixed overrides, grid, job config, directions, storage, study name), before any trial."""
         if not isinstance(self.n_workers, int) or self.n_workers < 1:
             raise ValueError(f"hydra.sweeper.n_workers must be an integer >= 1, got {self.n_workers!r}")
-        if self.n_trials < 1:
-            raise ValueError(f"hydra.sweeper.n_trials must be >= 1, got {self.n_trials}")
+        if self.n_trials is not None and (not isinstance(self.n_trials, int) or self.n_trials < 1):
+            raise ValueError(f"hydra.sweeper.n_trials must be an integer >= 1 (or null: a grid's size, else 20), "
+                             f"got {self.n_trials!r}")
         if self.n_jobs < 1:
             raise ValueError(f"hydra.sweeper.n_jobs must be >= 1, got {self.n_jobs}")
         if not 0.0 <= self.max_failure_rate <= 1.0:
@@ -285,7 +287,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         self._build_settings(arguments)
         self._check_sweep_dir()
         study = self._open_study()
-        self.budget = self.n_trials if self.grid is None else min(self.n_trials, len(self.points))
+        self.budget = self._budget()
         self.reaper = liveness.Reaper(self.grace_s, self.max_retries)
         if self.worker_id == 0:
             # an earlier command's trials: resumed
@@ -305,6 +307,18 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             self._work(study, progress)
         if self.worker_id == 0:
             self._finish_sweep(study, lost)
+
+    def _budget(self) -> int:
+        """``n_trials``; unset: a grid's size, else 20 (HOS's default). A grid cut by ``n_trials`` is said so: its
+        points run in the study's shuffled order, so the cut keeps a random, uneven part of the grid asked for."""
+        if self.grid is None:
+            return DEFAULT_TRIALS if self.n_trials is None else self.n_trials
+        size = len(self.points)
+        if self.n_trials is not None and self.n_trials < size and self.worker_id == 0:
+            log.warning(f"runs {self.n_trials} of the grid's {size} points (hydra.sweeper.n_trials={self.n_trials}), "
+                        f"a shuffled part of it: set hydra.sweeper.n_trials={size}, or leave it unset, for the whole "
+                        "grid")
+        return size if self.n_trials is None else min(self.n_trials, size)
 
     def _n_finished(self, study: optuna.Study) -> int:
         return sum(t.state.is_finished() for t in studies.budget_trials(study.get_trials(deepcopy=False)))

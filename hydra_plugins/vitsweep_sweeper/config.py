@@ -186,7 +186,9 @@ class VitsweepSweeperConf:
     # null = a new auto-named study on every run (as HOS); a name = one study whose n_trials budget a rerun
     # of the same command finishes (a changed recipe is refused)
     study_name: str | None = None
-    n_trials: int = 20  # the study's total budget, counted across runs and workers
+    # the study's total budget, counted across runs and workers; null: a grid's size (a grid runs whole), else 20
+    # (HOS's default)
+    n_trials: int | None = None
     n_jobs: int = 1  # trials handed to the launcher at once, per worker
     n_workers: int = 1  # local worker processes pulling trials from the storage
     max_failure_rate: float = 0.0  # stop once failed trials exceed this share of n_trials (retries do not count)
