@@ -160,7 +160,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
         sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
         if sig.any():
             axes[1].plot(peaks.loc[sig, "peak_width"], 100 * peaks.loc[sig, "peak_test_error"], "kx", ms=9,
-                         label="test-error peak")
+                         label="test-error peak (post hoc)")
         untested = peaks["peak_z"].isna() if "peak_z" in peaks else pd.Series(False, peaks.index)
         stuck = (peaks["peak_stalled_seeds"].fillna(0) > 0 if "peak_stalled_seeds" in peaks
                  else pd.Series(False, peaks.index))

@@ -294,7 +294,7 @@ ISSUE_TRAIN = [0.5, 0.45, 0.3, 0.2, 0.05, 0.0, 0.0]
 def test_double_descent_peak_searched_near_the_interpolation_threshold():
     summ = descent_summary(descent_curves(curves_frame(ISSUE_TEST, ISSUE_TRAIN, sd=0.01))).iloc[0]
     assert summ["interpolation_width"] == 32
-    assert summ["window_lo"] == 8 and summ["window_hi"] == 128
+    assert summ["window_lo"] == 16 and summ["window_hi"] == 128  # from the critical width (16: train error 5%)
     assert summ["peak_width"] == 16  # not the seed-noise bump at width 2, outside the window
     assert summ["peak_height"] == pytest.approx(0.05)  # 0.45 over the 0.40 at width 8
     assert summ["peak_z"] == pytest.approx(0.05 / (0.01 * np.sqrt(2 / 3)))
@@ -1167,3 +1167,15 @@ def test_records_find_a_storage_named_by_a_path_relative_to_where_the_sweep_ran(
     summary_path.write_text(json.dumps({**s, "study_storage": "sqlite:///outputs/sweeps/x/renamed.db"}))
     copy_records(tmp_path / "sweep", tmp_path / "rec")
     assert (tmp_path / "rec" / "renamed.db").is_file() and "warning" not in capsys.readouterr().out
+
+
+def test_an_under_fitting_bump_below_the_critical_width_is_not_the_double_descent_peak():
+    """Review 2026-11-29 (stats, 7): the peak window reached down to threshold / 4, where widths still underfit, so
+    the committed MNIST CNN summary named C1 = 3 (train error 12%, a third of the threshold C1 = 8) a significant
+    peak while its declared test, at the critical width, found none. The window now starts at the critical width
+    (the widest below the threshold: where the declared test and Nakkiran et al. place the peak)."""
+    test = [0.15, 0.24, 0.27, 0.23, 0.175, 0.156, 0.153]  # widths 1..64: the maximum at 4, under-fitting
+    train = [0.3, 0.2, 0.12, 0.04, 0.0, 0.0, 0.0]  # threshold 16, critical width 8
+    summ = descent_summary(descent_curves(curves_frame(test, train, sd=0.005))).iloc[0]
+    assert summ["interpolation_width"] == 16 and summ["window_lo"] == 8
+    assert np.isnan(summ["peak_width"]) and not summ["peak_significant"]
