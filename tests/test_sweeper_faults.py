@@ -218,7 +218,7 @@ def test_a_worker_stopped_mid_trial_hands_its_trial_back_and_the_same_command_co
     study = load(tmp_path)
     first = study.trials[0]
     assert first.state == TrialState.FAIL
-    assert first.user_attrs["error"].endswith("was stopped mid-trial (SystemExit 143) and handed it back")
+    assert first.user_attrs["error"].endswith("was stopped mid-trial (interrupted: SystemExit 143) and handed it back")
     assert "stopped answering" not in first.user_attrs["error"]  # it was told to stop; it did not go silent
     assert study.trials[1].state == TrialState.WAITING and study.trials[1].user_attrs["retry_of"] == 0
     sweep(tmp_path, "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2")

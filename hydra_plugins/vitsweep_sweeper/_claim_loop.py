@@ -18,7 +18,6 @@ from optuna.trial import Trial, TrialState
 
 from . import _liveness as liveness
 from . import _protocol as protocol
-from . import _search_space as search_spaces
 from . import _storage as storages
 from . import _study as studies
 from . import _submitit
@@ -87,7 +86,8 @@ class ClaimLoop:
         """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
         has to wait `grace_s` for them (the retry continues from the run's checkpoint when it has one). A second
         Ctrl-C or SIGTERM meanwhile is ignored, so it cannot leave a trial failed without its retry."""
-        why = f"worker {liveness.owner_id()} was stopped mid-trial ({type(e).__name__} {e}) and handed it back"
+        why = (f"worker {liveness.owner_id()} was stopped mid-trial (interrupted: {type(e).__name__} {e}) and handed "
+               "it back")
         with signals_ignored(), storages.claim_lock(self.url, self.storage, studies.study_id(study)):
             for t in trials:
                 frozen = self.storage.get_trial(studies.trial_id(t))
@@ -137,11 +137,11 @@ class ClaimLoop:
             raise ValueError(f"hydra.sweeper.custom_search_space suggests fixed parameters {sorted(overlap)}")
         out: list[str] = []
         for name, value in trial.params.items():
-            if name in (self.presets or {}) and name not in self.fixed:
+            if name in (self.presets or {}):  # a sampled preset key (a fixed one is not sampled)
                 out += list(self.presets[name][str(value)])
             else:
                 out.append(f"{name}={_fmt(value)}")
-        out += [search_spaces.override_line(k, v) for k, v in self.fixed.items()]
+        out += self.fixed_lines()
         return out + protocol.env_overrides(protocol.TrialIdentity(self.name, trial.number, self.url))
 
     def _tell(self, study: optuna.Study, trial: Trial, ret: JobReturn) -> None:
