@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint.prev.pt"
 REQUIRED = ("model", "optimizer", "config", "epoch", "step", "rng", "loader", "rules")
 # a fresh start moves these aside, the tracker's files too (``src.trackers``: a fresh start is a new tracker run)
-RECORD_FILES = ("metrics.jsonl", "summary.json", "config.json", CHECKPOINT, PREVIOUS, "tracker.json", "tensorboard")
+RECORD_FILES = ("metrics.jsonl", "summary.json", "summary.previous.json", "config.json", CHECKPOINT, PREVIOUS,
+                "tracker.json", "tensorboard")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -313,9 +313,10 @@ def warn_about_stop(summary: Mapping[str, Any], rules: StopRules) -> None:
     elif summary["stalled"]:
         how = (f"unchanged over {rules.converge_epochs} epochs" if summary["stop_reason"] == "stalled"
                else f"at the end ({summary['stop_reason']})")
-        log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} {how}, within "
-                    f"{rules.stalled_margin} of always predicting the commonest "
-                    f"label ({rules.chance_error:.3f}): the model did not learn. Recorded as a result (stalled: true); "
+        log.warning(f"stalled: train error {summary.get('train_error', math.nan):.3f} {how}, at or above "
+                    f"{rules.chance_error - rules.stalled_margin:.3f} (the error of always predicting the commonest "
+                    f"label, {rules.chance_error:.3f}, less trainer.stalled_margin {rules.stalled_margin}): the model "
+                    "did not learn. Recorded as a result (stalled: true); "
                     "try another optimizer.lr, scheduler.warmup_epochs or seed (trainer.stalled_margin=null turns "
                     "this check off)")
     if summary["low_lr_stop"]:

@@ -336,6 +336,17 @@ def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
     assert summary_of(tmp_path)["status"] == "completed"
 
 
+def test_resume_never_moves_aside_the_replaced_starts_summary_too(tiny_cfg, tmp_path):
+    """Review 2026-11-29 (user path, 6): summary.previous.json (the summary of a start a resume replaced) stayed in
+    the dir after trainer.resume=never, so the fresh run's dir held the old run's summary as its own history."""
+    train(tiny_cfg("trainer.checkpoint=true"), tmp_path)
+    (tmp_path / "summary.previous.json").write_text('{"status": "interrupted", "steps": 32}')
+    train(tiny_cfg("trainer.checkpoint=true", "trainer.resume=never", "optimizer.lr=0.01"), tmp_path)
+    (previous,) = tmp_path.glob("previous-*")
+    assert not (tmp_path / "summary.previous.json").exists()
+    assert (previous / "summary.previous.json").read_text() == '{"status": "interrupted", "steps": 32}'
+
+
 def test_checkpoints_are_atomic_keep_the_previous_and_load_weights_only(tiny_cfg, tmp_path):
     train(tiny_cfg("trainer.checkpoint=true", "trainer.max_epochs=3", "trainer.checkpoint_every=1"), tmp_path)
     last = torch.load(tmp_path / CHECKPOINT, weights_only=True)

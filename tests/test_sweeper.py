@@ -686,3 +686,29 @@ def test_a_grid_runs_whole_unless_n_trials_cuts_it_and_then_says_so(tmp_path):
     assert "hydra.sweeper.n_trials=24" in proc.stderr + proc.stdout
     proc = sweep(tmp_path / "tpe", "x=range(0,6)", "hydra/sweeper/sampler=random")  # not a grid: HOS's 20
     assert len(load(tmp_path / "tpe").trials) == 20
+
+
+def test_a_forced_override_of_a_swept_key_fixes_it_for_the_study_too(tmp_path):
+    """Review 2026-11-29 (user path, 1): `++x=3` beside a swept `x` was kept as a second key: every job trained x=3
+    while Optuna recorded the sampled x, and `optimization_results.yaml` named a best x that was never trained. A
+    later entry for a key replaces the earlier one whatever its prefix (+, ++), as a plain `x=3` does."""
+    sweep(tmp_path, "x=choice(0,1,2)", "y=choice(0,1)", "++x=3", "hydra/sweeper/sampler=grid")
+    study = load(tmp_path)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(done) == 2 and all("x" not in t.params for t in done)  # only y was swept
+    assert sorted(t.value for t in done) == [9.0, 10.0]  # x = 3 in every job: 3^2 + y^2
+    assert study.user_attrs["fixed_overrides"] == {"++x": "3"}
+
+
+def test_a_preset_key_fixed_on_the_command_line_applies_its_preset(tmp_path):
+    """Review 2026-11-29 (user path, 1): `+arch=h4_d3` (the form Hydra's error steers to) fixed heads_depth's preset
+    key, but a fixed preset was "not used": the jobs trained the config's own model while their config.json said
+    arch h4_d3. A fixed preset choice now applies that choice's overrides, as a sampled one does."""
+    sweep(tmp_path, "kind=choice(a,b)", "+kind=b", "x=choice(0,1)", "hydra/sweeper/sampler=grid",
+          "hydra/sweeper=app_presets")
+    done = load(tmp_path).get_trials(states=(TrialState.COMPLETE,))
+    assert sorted(t.value for t in done) == [1.0, 2.0]  # preset b sets y = 1: x^2 + 1
+    (tmp_path / "bad").mkdir()
+    proc = sweep(tmp_path / "bad", "kind=choice(a,b)", "+kind=c", "hydra/sweeper/sampler=grid",
+                 "hydra/sweeper=app_presets", check=False)
+    assert proc.returncode != 0 and "hydra.sweeper.presets.kind has no choice 'c'" in proc.stderr

@@ -163,8 +163,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         """The job config every trial shares: the primary config with the fixed overrides, as the launcher
         composes each job (the sampled keys keep their config-file values here). ``overrides`` go before the fixed
         ones, as a preset's do in a trial's command line."""
-        fixed = [search_spaces.override_line(k, v) for k, v in self.fixed.items()]
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, [*(overrides or []), *fixed])
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, [*(overrides or []), *self.fixed_lines()])
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg
@@ -192,10 +191,26 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
                 f"another {key}")
         return directions
 
+    def fixed_lines(self) -> list[str]:
+        """The fixed overrides every job gets: a preset key fixed on the command line (``+arch=h4_d3``) as its
+        choice's overrides, as a sampled choice is (passed as ``arch=h4_d3`` alone it set a label and trained the
+        config's own model); the others as written."""
+        presets = self.presets or {}
+        out = []
+        for key, value in self.fixed.items():
+            name = search_spaces.bare(key)
+            out += (list(presets[name][str(value)]) if name in presets and value is not None
+                    else [search_spaces.override_line(key, value)])
+        return out
+
     def _check_presets(self) -> None:
+        fixed = {search_spaces.bare(k): v for k, v in self.fixed.items()}
         for key, table in (self.presets or {}).items():
-            if key in self.fixed:
-                continue  # fixed from the command line: the preset is not used
+            if key in fixed:  # fixed from the command line: its choice's overrides apply to every job
+                if fixed[key] is not None and str(fixed[key]) not in table:
+                    raise ValueError(f"hydra.sweeper.presets.{key} has no choice {fixed[key]!r}: choose one of "
+                                     f"{', '.join(map(str, table))}")
+                continue
             dist = self.space.get(key)
             if not isinstance(dist, CategoricalDistribution):
                 raise ValueError(f"hydra.sweeper.presets.{key}: {key} must be a choice in hydra.sweeper.params")

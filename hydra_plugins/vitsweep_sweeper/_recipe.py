@@ -8,6 +8,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from . import _protocol as protocol
+from . import _search_space as search_spaces
 from . import _storage as storages
 from . import _study as studies
 
@@ -29,7 +30,8 @@ class RecipeChecks:
         it): the shared config without every key any preset sets, so a change to such a key (e.g. heads_depth's
         optimizer.lr, which only the CNN preset sets) went unnoticed; such a study keeps that check."""
         sampled = set(self.space) | _trial_keys(trials or [])
-        presets = {key: table for key, table in (self.presets or {}).items() if key not in self.fixed}
+        fixed = {search_spaces.bare(k) for k in self.fixed}
+        presets = {key: table for key, table in (self.presets or {}).items() if key not in fixed}
         if version == 1:
             for table in presets.values():
                 sampled |= {o.split("=", 1)[0] for overrides in table.values() for o in overrides}

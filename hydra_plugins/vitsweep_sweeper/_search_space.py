@@ -82,7 +82,8 @@ def parse(params: Mapping[str, Any], arguments: list[str],
     """Split `hydra.sweeper.params` plus command-line arguments into a search space and fixed values
     (`grid`: for the grid sampler, whose ranges exclude their stop).
 
-    A later entry for the same key wins, so `x=3` on the command line fixes a swept `x`.
+    A later entry for the same key wins, whatever its prefix, so `x=3` or `++x=3` on the command line fixes a swept
+    `x` (a fixed value keeps its prefix in the job's override: `+key=` adds a key the config lacks).
     """
     lines = [(f"hydra.sweeper.params.{k}", f"{k}={v}") for k, v in params.items()]
     lines += [("command line", a) for a in arguments]
@@ -96,13 +97,19 @@ def parse(params: Mapping[str, Any], arguments: list[str],
         except Exception as e:  # noqa: BLE001 - re-raised with the key that caused it
             raise SearchSpaceError(f"{where}: cannot use {line!r} as a search space: {e}") from e
         key = override.get_key_element()
-        space.pop(key, None)
-        fixed.pop(key, None)
+        for earlier in [k for k in (*space, *fixed) if bare(k) == bare(key)]:  # `x`, `+x` and `++x`: one key
+            space.pop(earlier, None)
+            fixed.pop(earlier, None)
         if isinstance(value, BaseDistribution):
             space[key] = value
         else:
             fixed[key] = value  # None: a bare `~key` deletion, passed on as written (override_line)
     return space, fixed
+
+
+def bare(key: str) -> str:
+    """A key without its override prefix (``+``, ``++``, ``~``): the config key it sets."""
+    return key.lstrip("+~")
 
 
 def override_line(key: str, value: str | None) -> str:
