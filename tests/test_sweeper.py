@@ -712,3 +712,21 @@ def test_a_preset_key_fixed_on_the_command_line_applies_its_preset(tmp_path):
     proc = sweep(tmp_path / "bad", "kind=choice(a,b)", "+kind=c", "hydra/sweeper/sampler=grid",
                  "hydra/sweeper=app_presets", check=False)
     assert proc.returncode != 0 and "hydra.sweeper.presets.kind has no choice 'c'" in proc.stderr
+
+
+def test_a_named_study_resumes_only_with_its_own_search_space(tmp_path):
+    """Review 2026-11-29 (user path, 2): a TPE study resumed with a key fixed, dropped or its interval changed went
+    on without a word: best_params then lacked the fixed key (its best trial trained patch 8, the study's params said
+    nothing) and two ranges mixed in one study; a changed choice list crashed after a trial was created. Each is now
+    refused before any trial, naming the key, old -> new."""
+    space = ["x=interval(-2.0,2.0)", "y=choice(0,1)", "hydra/sweeper/sampler=random"]
+    sweep(tmp_path, *space, "hydra.sweeper.n_trials=2")
+    for change, named in [(["x=interval(-1.0,1.0)", "y=choice(0,1)"], "x: interval(-2.0, 2.0) -> interval(-1.0, 1.0)"),
+                          (["x=interval(-2.0,2.0)", "y=1"], "y: choice(0, 1) -> fixed (1)"),
+                          (["x=interval(-2.0,2.0)"], "y: choice(0, 1) -> not swept"),
+                          (["x=interval(-2.0,2.0)", "y=choice(0,1,2)"], "y: choice(0, 1) -> choice(0, 1, 2)")]:
+        proc = sweep(tmp_path, *change, "hydra/sweeper/sampler=random", "hydra.sweeper.n_trials=4", check=False)
+        assert proc.returncode != 0 and named in proc.stderr, (change, proc.stderr[-2000:])
+    assert len(load(tmp_path).trials) == 2  # nothing was asked
+    sweep(tmp_path, *space, "hydra.sweeper.n_trials=4")  # the same space finishes it
+    assert len(load(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 4

@@ -269,6 +269,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
                 )
             self._check_recipe(study_id)
             self._check_grid(study_id)
+            self._check_space(study_id)
             self._check_pruner(study_id)
         except KeyError:
             n_existing = 0
@@ -293,6 +294,8 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             attrs = self.storage.get_study_system_attrs(studies.study_id(study))
             if studies.RECIPE_ATTR not in attrs:
                 self.storage.set_study_system_attr(studies.study_id(study), studies.RECIPE_ATTR, self._recipe())
+            if not self.is_grid and studies.SPACE_ATTR not in attrs:
+                self.storage.set_study_system_attr(studies.study_id(study), studies.SPACE_ATTR, self._space())
             if self.is_grid and studies.GRID_ATTR not in attrs:
                 self.storage.set_study_system_attr(studies.study_id(study), studies.GRID_ATTR, self.grid)
         return study

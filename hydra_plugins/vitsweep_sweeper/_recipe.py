@@ -99,6 +99,35 @@ class RecipeChecks:
                 + "\nfix: restore the grid to finish the study, or start a new one in its own folder (another "
                 "hydra.sweep.dir and hydra.sweeper.study_name)")
 
+    def _space(self) -> dict[str, str]:
+        """The search space as the study records it: each sampled key's distribution, spelt as a sweep expression."""
+        return {k: describe(d) for k, d in sorted(self.space.items())}
+
+    def _check_space(self, study_id: int) -> None:
+        """A named study resumes only with the search space it was started with (a grid: ``_check_grid``): a key
+        fixed or dropped trains the rest at one value while ``best_params`` names none for it, and a changed range
+        mixes two spaces in one study (each went on without a word; a changed choice list crashed after its trial was
+        created). Refused before the study is touched. Studies started before the space was recorded are not checked.
+        """
+        saved = self.storage.get_study_system_attrs(study_id).get(studies.SPACE_ATTR)
+        if saved is None or self.is_grid:
+            return
+        now = self._space()
+        fixed = {search_spaces.bare(k): v for k, v in self.fixed.items()}
+
+        def show(key, spaces):
+            if key in spaces:
+                return spaces[key]
+            return f"fixed ({fixed[key]})" if key in fixed else "not swept"
+        diff = [f"{k}: {show(k, saved)} -> {show(k, now)}" for k in sorted(saved.keys() | now.keys())
+                if saved.get(k) != now.get(k)]
+        if diff:
+            raise ValueError(
+                f"hydra.sweeper.params: study {self.name!r} in {storages.safe(self.url)} was started with another "
+                "search space, so its best params would mix two studies:\n  " + "\n  ".join(diff)
+                + "\nfix: restore the search space to finish the study, or start a new one in its own folder (another "
+                "hydra.sweep.dir and hydra.sweeper.study_name)")
+
     def _grid_order(self, study: optuna.Study, seed: int | None) -> None:
         """The study's grid order comes from the seed it was started with: every later process keeps it."""
         attrs = self.storage.get_study_system_attrs(studies.study_id(study))
@@ -108,6 +137,18 @@ class RecipeChecks:
             log.warning(f"hydra.sweeper.sampler.seed={seed} is ignored: study {self.name!r} keeps the grid order of "
                         f"seed {attrs[studies.GRID_SEED_ATTR]}, so every point still runs once")
         self.points = studies.grid_points(self.grid, attrs.get(studies.GRID_SEED_ATTR, seed))
+
+
+def describe(dist) -> str:
+    """A distribution as the sweep expression that makes it: ``choice(2, 4)``, ``interval(0.0, 0.3)``, with
+    ``tag(log, ...)`` and ``step`` where set."""
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return "choice(" + ", ".join(map(str, dist.choices)) + ")"
+    step = getattr(dist, "step", None)
+    text = f"interval({dist.low}, {dist.high})" + (f" step {step}" if step not in (None, 1) else "")
+    return f"tag(log, {text})" if getattr(dist, "log", False) else text
 
 
 def _trial_keys(trials: list) -> set[str]:

@@ -23,6 +23,7 @@ RESUMED_ATTR = "vitsweep:resumed"  # trial system attr: RUNNING when a command s
 JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
 GRID_ATTR = "vitsweep:grid"  # study system attr: a grid study's value lists, {param: [values]}, for resumes
 RECIPE_ATTR = "vitsweep:recipe"  # study system attr: the job config all its trials share (flattened), for resumes
+SPACE_ATTR = "vitsweep:space"  # study system attr: {param: the sweep expression it was sampled from}, for resumes
 RECIPE_VERSION_KEY = "vitsweep:recipe_version"  # in the recorded recipe: how it was made (absent: version 1)
 RECIPE_VERSION = 2  # 2: {"configs": one flattened job config per preset choice}; 1: the shared config, flattened
 
