@@ -692,12 +692,20 @@ def unscored(c: pd.DataFrame, width: str) -> str | None:
     return f"{len(bad)} finished run{'s have' if len(bad) > 1 else ' has'} no test or train error ({named})"
 
 
+NO_GRID = ("no declared grid: the runs name no study whose storage records one (a plain Hydra multirun, or records "
+           "without their optuna.db), so the grid is taken as the widths x seeds the runs hold, and a width or seed "
+           "that never started is invisible: a missing width moves a neighbour of the tested one. Run the study "
+           "through the vitsweep sweeper, which records its grid, or check the grid by hand")
+
+
 def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
                tol: float = 0.01, alpha: float = ALPHA, rule: str = "critical") -> list[PeakTest]:
     """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict."""
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
+    if not grids:
+        warnings.warn(NO_GRID, stacklevel=2)
     one_recipe(df, width, grids)
     borrowed = {tuple(b) for b in df.attrs.get("borrowed_studies", ())}  # with_capped's other arm
     own = {k: g for k, g in grids.items() if k not in borrowed}
@@ -1021,6 +1029,8 @@ def main(argv: list[str] | None = None) -> int:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
         text += precision_note(main_runs) + machine_note(main_runs)
+        if not _declared_grids(main_runs):
+            text += "\n" + NO_GRID[0].upper() + NO_GRID[1:] + ".\n"
         if a.curves:
             text += curves_markdown(main_runs)
     print(text)

@@ -1013,3 +1013,16 @@ def test_the_power_figure_takes_the_noisier_contrast_since_a_peak_needs_both(tmp
         c = x[..., 1] - x[..., side]
         both &= c.mean(1) / (c.std(1, ddof=1) / np.sqrt(k)) > crit
     assert both.mean() >= 0.79
+
+
+def test_a_test_on_runs_that_declare_no_grid_says_it_cannot_see_what_never_started(tmp_path, capsys):
+    """Review 2026-11-29 (stats, 5): runs naming no study (a plain Hydra multirun) have no declared grid, so the grid
+    is what they hold: a width that never started moved the right neighbour (12 -> 16) and the verdict came out
+    with no warning. The test still runs, and says so in its output."""
+    root = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,))
+    with pytest.warns(UserWarning, match=r"no declared grid.*never started"):
+        design.peak_tests(load_runs(root), pilot_sd=0.015, effect=0.05)
+    out = tmp_path / "test.md"
+    with pytest.warns(UserWarning, match="no declared grid"):
+        design.main(["test", str(root), "--pilot", str(root), "--out", str(out)])
+    assert "No declared grid" in out.read_text()
