@@ -188,6 +188,8 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
                       pbar, final: bool = False) -> str | None:
     """Evaluate, append the row, update the best metrics; returns ``converged`` / ``pruned`` or None.
     ``final``: the run stops after this evaluation (it scores the test split)."""
+    if not state.epoch_done:  # a step rule stopped the run mid-epoch: what to restore if it is extended later
+        state.before_partial = {"rows": state.recorder.rows, "last_row": dict(state.last_row), "best": dict(state.best)}
     row = evaluation_row(state, images, epoch_time, final)
     reason = state.rules.after_eval(state.epoch, row["train_error"])
     if reason and "test_error" not in row:  # this evaluation ends the run (converged/stalled): score the test split
@@ -482,6 +484,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
         with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
             if already_stopped(state):  # killed after its final checkpoint, before its summary
                 return finish(state, state.stop_reason, checkpoint=False)
+            state.drop_partial_evaluation()  # extended past a stop mid-epoch: that evaluation leaves the records
             state.started = time.perf_counter()
             with _progress(state) as pbar:
                 try:

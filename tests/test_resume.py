@@ -323,8 +323,24 @@ def test_a_checkpoint_without_a_label_digest_still_resumes(tiny_cfg, tmp_path):
             ckpt = torch.load(tmp_path / name, weights_only=True)
             del ckpt["data"]["labels_sha256"], ckpt["data"]["test_labels_sha256"]
             torch.save(ckpt, tmp_path / name)
-    train(tiny_cfg(*over), tmp_path)
-    assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path)] == [(1, 4), (2, 5), (2, 8), (3, 12)]
+    train(tiny_cfg(*over), tmp_path)  # the evaluation of half-trained epoch 2 (step 5) leaves the extended run
+    assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path)] == [(1, 4), (2, 8), (3, 12)]
+
+
+def test_a_run_extended_past_a_stop_mid_epoch_records_what_an_uninterrupted_run_does(tiny_cfg, tmp_path):
+    """Review 2026-11-29 (trainer, 1): a step limit that stopped a run mid-epoch evaluated the half-trained model;
+    extended, the run kept that row (two rows for one epoch) and its best_test_error / best_val_error, which could be
+    a model the uninterrupted run never evaluated (best_val_error 0.045 against 0.05 in the review)."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=3", "dataset.val_size=40"]
+    whole = train(tiny_cfg(*over), tmp_path / "whole")
+    train(tiny_cfg(*over, "trainer.max_steps=5"), tmp_path / "cut")
+    assert [(r["epoch"], r["step"]) for r in rows_of(tmp_path / "cut")] == [(1, 4), (2, 5)]
+    cut = train(tiny_cfg(*over), tmp_path / "cut")
+    drop = ("wall_s", "images_per_s")
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in rows_of(tmp_path / "cut")]
+            == [{k: v for k, v in r.items() if k not in drop} for r in rows_of(tmp_path / "whole")])
+    for key in ("best_test_error", "best_val_error", "test_error", "epochs", "steps"):
+        assert cut[key] == whole[key], key
 
 def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
     train(tiny_cfg("trainer.checkpoint=true"), tmp_path)
