@@ -38,15 +38,36 @@ def batchnorm_start_share(model: torch.nn.Module, steps: int) -> float:
 @torch.no_grad()
 def recompute_batchnorm(model: torch.nn.Module, loader, autocast: contextlib.AbstractContextManager | None = None
                         ) -> None:
-    """Replace the BatchNorm running statistics of ``model`` by their average over ``loader`` (one forward pass in
-    train mode, as ``torch.optim.swa_utils.update_bn``, under the run's autocast). The random numbers its dropout
-    draws come from a forked generator, so training goes on exactly as if no evaluation had happened."""
-    from torch.optim.swa_utils import update_bn
-
+    """Replace the BatchNorm running statistics of ``model`` by their average over ``loader``'s images (one forward
+    pass in train mode, as ``torch.optim.swa_utils.update_bn``, under the run's autocast). Each batch is weighted by
+    its images (momentum n_i / images so far), not once per batch as update_bn's cumulative average does, so the
+    statistics do not depend on ``trainer.eval_batch_size`` (a last partial batch of 413 of 1437 images carried half
+    the weight). The random numbers its dropout draws come from a forked generator, so training goes on exactly as
+    if no evaluation had happened."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats]
+    if not norms:
+        return
+    momenta = [m.momentum for m in norms]
+    was_training = model.training
     device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type), \
-            autocast or contextlib.nullcontext():
-        update_bn(loader, model)
+    for m in norms:
+        m.reset_running_stats()
+    model.train()
+    seen = 0
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type), \
+                autocast or contextlib.nullcontext():
+            for x, *_ in loader:
+                x = x.to(device, non_blocking=True)
+                seen += len(x)
+                for m in norms:
+                    m.momentum = len(x) / seen
+                model(x)
+    finally:
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+        model.train(was_training)
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all (cheaper than no_grad); only Python floats leave

@@ -135,3 +135,17 @@ def test_later_runs_of_one_shape_on_this_machine_take_the_first_measurement(tiny
     assert (other.info["precision"], other.info["attention"]) == ("fp32", "sdpa")
     monkeypatch.setenv("VITSWEEP_PROBE_CACHE", "off")
     assert setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None).info["precision"] == "fp32"
+
+
+def test_a_cuda_runs_summary_says_its_fp32_ran_as_tf32():
+    """Review 2026-11-29 (trainer, 3): setup_device turns TF32 on for CUDA, and the summary said `precision: fp32`
+    alone, so a GPU "fp32" run read as true fp32 beside a CPU one. Checked without a GPU: the flags are process
+    state."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        run_state.setup_device(torch.device("cuda"), {})
+        assert run_state.numerics(torch.device("cuda")) == {"tf32": True}
+        assert run_state.numerics(torch.device("cpu")) == {}  # a CPU's fp32 is fp32: nothing to add
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved

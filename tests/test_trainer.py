@@ -174,3 +174,25 @@ def test_recomputing_batchnorm_statistics_draws_no_random_numbers():
     recompute_batchnorm(model, loader)
     assert torch.equal(before, torch.get_rng_state())
     assert model[1].running_var.mean() < 1.0  # recomputed from the data, not left at the start value
+
+
+def test_recomputed_batchnorm_statistics_weight_each_image_once_whatever_the_eval_batch():
+    """Review 2026-11-29 (trainer, 4): update_bn's cumulative average weighs each batch once, so with 1437 images in
+    batches of 1024 the last 413 carried half the weight: the statistics (and the errors scored with them) changed
+    with trainer.eval_batch_size, a key runs may change on resume as one that does not change what they compute."""
+    import torch
+    from torch import nn
+
+    from src.metrics import recompute_batchnorm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1024, 3, generator=g), 3 + torch.randn(413, 3, generator=g)])  # two unlike parts
+    stats = []
+    for batch in (1024, 100, 1437):
+        model = nn.Sequential(nn.BatchNorm1d(3))
+        loader = [(x[i:i + batch], torch.zeros(len(x[i:i + batch]), dtype=torch.long)) for i in range(0, len(x), batch)]
+        recompute_batchnorm(model, loader)
+        stats.append(model[0].running_mean.clone())
+        assert model[0].momentum == 0.1  # the module's own momentum is back for training
+    assert torch.allclose(stats[0], x.mean(0), atol=1e-5) and torch.allclose(stats[1], x.mean(0), atol=1e-5)
+    assert torch.allclose(stats[2], x.mean(0), atol=1e-5)
