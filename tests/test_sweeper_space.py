@@ -149,3 +149,9 @@ def test_hydras_plugin_scan_leaves_the_public_modules_objects_alone():
     import hydra_plugins.vitsweep_sweeper.search_space as ss
 
     assert ss.SearchSpaceError is before[0] and after[1:] == before[1:]
+
+
+def test_a_glob_sweep_is_refused_with_what_to_use_instead():
+    """Review 2026-11-29 (user path, 5): `model.patch=glob(*)` failed with "ConfigLoader is not set"."""
+    with pytest.raises(SearchSpaceError, match=r"command line: .*glob is not supported: use choice, range or interval"):
+        parse({}, ["model.patch=glob(*)"])

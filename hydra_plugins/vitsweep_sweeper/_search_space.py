@@ -68,6 +68,8 @@ def to_distribution(override: Override, for_grid: bool = False) -> Any:
     a grid sampler (a range excludes its stop)."""
     if not override.is_sweep_override():
         return override.get_value_element_as_str()
+    if type(override.value()).__name__ == "Glob":  # hydra's Glob needs the ConfigLoader: refused in our words
+        raise SearchSpaceError(f"{override.input_line!r}: glob is not supported: use choice, range or interval")
     if override.is_choice_sweep():
         return _categorical(override)
     if override.is_range_sweep():
