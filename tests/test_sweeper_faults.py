@@ -90,8 +90,8 @@ def test_sigkill_of_the_main_process_then_the_same_command_finishes_the_budget(t
     assert_each_point_once(study)
     interrupted = [t for t in study.trials if t.state == TrialState.FAIL]
     assert interrupted, "the orphaned workers stopped mid-trial: their trials are failed and retried"
-    for t in interrupted:
-        assert "stopped answering" in t.user_attrs["error"]
+    for t in interrupted:  # handed back by the orphan on its SIGTERM, or failed by the rerun as gone
+        assert any(why in t.user_attrs["error"] for why in ("was stopped mid-trial", "stopped answering"))
         retry = last_retry(study, t)
         assert retry.state == TrialState.COMPLETE and retry.params == t.params, describe(study)
         assert retry.user_attrs["retries"] == 0, "a stop of the sweep was counted against max_retries"
