@@ -723,13 +723,15 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
         c = whole[whole.index.isin(done)]
         name = curve_name(keys, key)
         t = center(c, width, tol, rule) if len(c) else np.nan
+        never = len(c) and not np.isfinite(threshold(c, width, tol))
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
         flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
         deciding = deciding_flags(c, width, tol, rule) if len(c) else 0
         k = len(d)
         p = np.nan
-        no_p = None
+        no_p = (f"no width interpolates (mean train error <= {tol} at none): the threshold lies past the grid's "
+                "widest model" if never else None)
         if k >= 2 and (d.std() > 0).all():
             p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue)
                     for s in ("left", "right"))
@@ -957,6 +959,28 @@ def compare_markdown(pairs: pd.DataFrame, width: str) -> str:
             f"{d.abs().max():.4f}. A device check, not a test.\n\n" + to_markdown(per) + "\n")
 
 
+def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 0.01) -> pd.DataFrame:
+    """The pilot's runs at the lr the main run trained at, where the pilot tried several (its spread at another lr
+    is another recipe's): the main run's one lr, else the lr rule's choice. Refused (SystemExit) when the main run's
+    lr is not among the pilot's, or when the main run holds none and the rule chose none (every rung collapsed)."""
+    if LR not in curve_keys(pilot):
+        return pilot
+    tried = sorted(pilot[LR].dropna().astype(float).unique())
+    main_lrs = sorted(main_runs[LR].dropna().astype(float).unique()) if LR in main_runs else []
+    if len(main_lrs) == 1:
+        if not np.isclose(tried, main_lrs[0]).any():
+            raise SystemExit(f"the main run trained at {LR} {main_lrs[0]:g}, which the pilot never tried (it tried "
+                             f"{', '.join(f'{v:g}' for v in tried)}): its spread is another recipe's; pass the pilot "
+                             "of the main run's lr")
+        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])]
+    lr, _ = choose_lr(pilot, tol=tol)
+    if lr is None:
+        raise SystemExit(f"the pilot tried {LR} {', '.join(f'{v:g}' for v in tried)} and the lr rule chose none (each "
+                         "collapsed or stalled at its threshold widths), and the main runs name no single lr: no "
+                         "pilot spread belongs to them")
+    return pilot[np.isclose(pilot[LR].astype(float), lr)]
+
+
 def _fraction(text: str) -> float:
     """argparse type of ``--effect``: an error fraction, so 5 (percent) cannot make every design powerful."""
     try:
@@ -1021,10 +1045,9 @@ def main(argv: list[str] | None = None) -> int:
         text = compare_markdown(compare(first, load_runs(a.against, optuna_state=False)), width_column(first))
     else:
         pilot = load_runs(a.pilot, optuna_state=False)
-        lr, _ = choose_lr(pilot, tol=a.tol) if LR in curve_keys(pilot) else (None, None)
-        pilot = pilot if lr is None else pilot[np.isclose(pilot[LR].astype(float), lr)]
-        sp = spread(pilot, tol=a.tol, rule=a.center)
         main_runs = load_runs(a.paths, optuna_state=False)
+        pilot = pilot_at_main_lr(pilot, main_runs, a.tol)
+        sp = spread(pilot, tol=a.tol, rule=a.center)
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
         text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)

@@ -1026,3 +1026,28 @@ def test_a_test_on_runs_that_declare_no_grid_says_it_cannot_see_what_never_start
     with pytest.warns(UserWarning, match="no declared grid"):
         design.main(["test", str(root), "--pilot", str(root), "--out", str(out)])
     assert "No declared grid" in out.read_text()
+
+
+def test_the_power_comes_from_the_pilot_at_the_main_runs_lr(tmp_path):
+    """Review 2026-11-29 (stats, B): where the lr rule chose no lr (every rung collapsed) the pilot was not filtered,
+    and its spread pooled every lr; nothing checked that the main run trained at the lr the pilot's spread came
+    from. The pilot is read at the main run's lr; one the pilot lacks is refused, naming both."""
+    pilot = write_pilot(tmp_path / "pilot", collapse_at={(lr, 4) for lr in (0.05, 0.02, 0.01)}, sizes=(8192,),
+                        seeds=(0, 1, 2))
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5))
+    out = tmp_path / "t.md"
+    assert design.main(["test", str(main), "--pilot", str(pilot), "--out", str(out)]) == 0
+    at = load_runs(pilot)
+    expected = design.spread(at[at["optimizer.lr"] == 0.02])
+    assert f"Pilot contrast sd {expected.contrast_sd:.4f}" in out.read_text()
+    other = write_pilot(tmp_path / "other", lrs=(0.03,), sizes=(8192,), seeds=(3, 4, 5))
+    with pytest.raises(SystemExit, match=r"optimizer\.lr 0\.03.*pilot.*0\.01, 0\.02, 0\.05"):
+        design.main(["test", str(other), "--pilot", str(pilot)])
+
+
+def test_a_curve_that_never_interpolates_says_so(tmp_path):
+    """Review 2026-11-29 (stats, B): "no threshold with a neighbour on each side" was printed for a curve whose
+    every width stayed above the train-error tolerance, where the fix is wider models, not another grid step."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1), lrs=(0.02,), sizes=(8192,)))
+    (test,) = design.peak_tests(df.assign(train_error=0.3), pilot_sd=0.015, effect=0.05)
+    assert "no width interpolates" in test.verdict
