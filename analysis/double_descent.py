@@ -118,11 +118,12 @@ def find_peak(w: np.ndarray, test: np.ndarray, interp: float, window: float = 4.
     return int(best), float(signal.peak_prominences(test, [best])[0][0])
 
 
-def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float) -> dict:
+def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float, widths=None) -> dict:
     c = c.sort_values(width)
     fits = c["train_mean"].to_numpy() <= tol
     interp = c[width].to_numpy(float)[fits.argmax()] if fits.any() else np.nan
-    lo = window_low(c[width].to_numpy(float), interp, window)
+    grid = c[width].to_numpy(float) if widths is None else np.asarray(sorted(widths), float)
+    lo = window_low(grid, interp, window)  # on the grid's widths, those whose runs were left out included
     final = float(c["test_mean"].iloc[-1])
     c = c[c["n_seeds"] > 0]  # the test-error side reads the widths with a scored run only
     w, test = c[width].to_numpy(float), c["test_mean"].to_numpy(float)
@@ -154,7 +155,7 @@ def _curve_summary(c: pd.DataFrame, width: str, tol: float, window: float) -> di
     }
 
 
-def descent_summary(curves: pd.DataFrame, tol: float = 0.01, window: float = 4.0) -> pd.DataFrame:
+def descent_summary(curves: pd.DataFrame, tol: float = 0.01, window: float = 4.0, widths=None) -> pd.DataFrame:
     """Per noise level: interpolation threshold, test-error peak near it, its height over the seed spread.
 
     Columns: the group keys, ``interpolation_width`` (NaN when no width interpolates), ``window_lo`` and
@@ -162,12 +163,13 @@ def descent_summary(curves: pd.DataFrame, tol: float = 0.01, window: float = 4.0
     ``peak_z`` (height / standard error of a difference of seed means), ``peak_significant``,
     ``peak_stalled_seeds`` (stalled seeds at the peak's width: such a peak is never significant),
     ``pooled_test_sd``, ``min_test_error_before_peak``, ``final_test_error`` (at the largest width),
-    ``best_width`` and ``best_test_error``; peak columns are NaN without a peak (see the module docstring)."""
+    ``best_width`` and ``best_test_error``; peak columns are NaN without a peak (see the module docstring).
+    ``widths``: the grid's widths where ``curves`` lack some (runs left out): the critical width is read on them."""
     if window < 1:
         raise ValueError(f"window={window}: the peak window is a factor around the threshold, >= 1 (default 4)")
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     rows = []
     for key, c in curves.groupby([*by, noise], dropna=False, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip([*by, noise], key, strict=True)), **_curve_summary(c, width, tol, window)})
+        rows.append({**dict(zip([*by, noise], key, strict=True)), **_curve_summary(c, width, tol, window, widths)})
     return pd.DataFrame(rows)

@@ -82,7 +82,10 @@ def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who:
 
 def _recipe_differences(df: pd.DataFrame, cols: list[str]) -> dict[str, list[str]]:
     """Config keys (runtime keys aside) whose value differs within a group of ``cols`` -> the values seen."""
-    skip = (*contract.STUDY_RUNTIME_KEYS, "hydra", "logger", "trial")
+    # where the run read its data and which device trained it are not the recipe: the same grid read from a committed
+    # copy and a live one differs in dataset.root (as design.compare exempts them)
+    skip = (*contract.STUDY_RUNTIME_KEYS, "hydra", "logger", "trial", "dataset.root", "trainer.device",
+            "trainer.compile")
     keys = [k for k in df.attrs.get("config_columns", []) if k in df and k not in cols
             and not any(k == r or k.startswith(r + ".") for r in skip)]
     out = {}

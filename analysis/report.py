@@ -258,7 +258,7 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
             rep.add("Every run stalled: no curve without them.", "")
             return
         curves2 = descent_curves(kept, width=width, noise=noise, by=by)
-        summary2 = descent_summary(curves2, tol=tol)
+        summary2 = descent_summary(curves2, tol=tol, widths=curves[width].unique())  # the critical width: full grid's
         rep.table(summary2, "double_descent_summary_without_stalled")
         rep.figure(figures.plot_double_descent(curves2, summary2,
                                                rep.out / "figures" / "double_descent_without_stalled.png", runs=kept),

@@ -1179,3 +1179,16 @@ def test_an_under_fitting_bump_below_the_critical_width_is_not_the_double_descen
     summ = descent_summary(descent_curves(curves_frame(test, train, sd=0.005))).iloc[0]
     assert summ["interpolation_width"] == 16 and summ["window_lo"] == 8
     assert np.isnan(summ["peak_width"]) and not summ["peak_significant"]
+
+
+def test_the_peak_window_of_a_curve_without_its_stalled_runs_starts_at_the_full_grids_critical_width():
+    """Review 2026-11-29 (diff, 7): without its stalled runs a curve lost its widths 3-4, so its critical width fell
+    to 2 (a third of the threshold) and C1 = 2 was named the peak. The window is read on the grid's widths."""
+    test = [0.15, 0.30, 0.27, 0.23, 0.175, 0.156, 0.153]  # widths 1..64
+    train = [0.3, 0.2, 0.12, 0.0, 0.0, 0.0, 0.0]  # threshold 8, critical width 4
+    curves = descent_curves(curves_frame(test, train, sd=0.005))
+    kept = curves[curves["model.width"] != 4]  # as if every run at 4 had stalled
+    kept.attrs = curves.attrs
+    assert descent_summary(kept).iloc[0]["peak_width"] == 2  # read on what is left: the under-fitting bump
+    summ = descent_summary(kept, widths=curves["model.width"].unique()).iloc[0]
+    assert summ["window_lo"] == 4 and np.isnan(summ["peak_width"])

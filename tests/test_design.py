@@ -950,6 +950,11 @@ def test_the_pilots_spread_refuses_two_recipes_read_as_repeats_of_one_seed(tmp_p
     with pytest.raises(ValueError, match=r"model\.dropout.*by="):
         descent_curves(load_runs([a, b]))
     assert len(descent_curves(load_runs([a, b]), by=["model.dropout"]))  # the fix the message names
+    for config in b.glob("*/.hydra/config.yaml"):  # the same recipe read from a copy elsewhere: a repeat, averaged
+        config.write_text(config.read_text().replace("dropout: 0.3", "dropout: 0.0").replace(
+            "name: cifar10", "name: cifar10\n  root: /elsewhere/copy.npz"))
+    with pytest.warns(UserWarning, match="repeat a seed"):
+        design.spread(load_runs([a, b]))
 
 
 def test_a_collapse_that_decides_the_threshold_makes_the_verdict_inconclusive(tmp_path):

@@ -306,3 +306,16 @@ def test_two_members_given_one_run_dir_fail_instead_of_waiting_on_themselves(tmp
     results = train_members(cfgs, [tmp_path / "same", tmp_path / "same"])
     assert isinstance(results[1], RuntimeError) and "already being trained by this process" in str(results[1])
     assert results[0]["status"] == "completed"
+
+
+def test_a_stacked_member_extended_past_a_stop_mid_epoch_drops_that_evaluation(tmp_path):
+    """Review 2026-11-29 (diff, 1): only the single-run path dropped the half-trained epoch's evaluation of a run
+    extended past a step limit; a stacked member kept the extra row (two rows for epoch 2) and its best_*."""
+    def rows(d):
+        return [(r["epoch"], r["step"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+
+    over = [*CNN, "trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=3"]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    train_members([plain(*over, "trainer.max_steps=5", f"seed={s}") for s in (0, 1)], dirs)
+    train_members([plain(*over, f"seed={s}") for s in (0, 1)], dirs)
+    assert rows(dirs[0]) == rows(dirs[1]) == [(1, 4), (2, 8), (3, 12)]

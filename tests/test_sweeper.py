@@ -730,3 +730,14 @@ def test_a_named_study_resumes_only_with_its_own_search_space(tmp_path):
     assert len(load(tmp_path).trials) == 2  # nothing was asked
     sweep(tmp_path, *space, "hydra.sweeper.n_trials=4")  # the same space finishes it
     assert len(load(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 4
+
+
+def test_an_explicit_value_wins_over_a_fixed_presets_own(tmp_path):
+    """Review 2026-11-29 (diff, 4): a fixed preset's overrides came out in command-line order, so `y=5 +kind=a`
+    trained y = 2 (preset a's) while `+kind=a y=5` trained 5. An explicit value wins in either order, as it does
+    over a sampled preset."""
+    for order in (["y=5", "+kind=a"], ["+kind=a", "y=5"]):
+        d = tmp_path / "_".join(order).replace("+", "").replace("=", "")
+        d.mkdir()
+        sweep(d, "kind=choice(a,b)", *order, "x=choice(0)", "hydra/sweeper/sampler=grid", "hydra/sweeper=app_presets")
+        assert [t.value for t in load(d).get_trials(states=(TrialState.COMPLETE,))] == [25.0], order

@@ -196,12 +196,14 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         choice's overrides, as a sampled choice is (passed as ``arch=h4_d3`` alone it set a label and trained the
         config's own model); the others as written."""
         presets = self.presets or {}
-        out = []
+        chosen, rest = [], []
         for key, value in self.fixed.items():
             name = search_spaces.bare(key)
-            out += (list(presets[name][str(value)]) if name in presets and value is not None
-                    else [search_spaces.override_line(key, value)])
-        return out
+            if name in presets and value is not None:
+                chosen += list(presets[name][str(value)])
+            else:
+                rest.append(search_spaces.override_line(key, value))
+        return chosen + rest  # the presets' first: an explicit fixed value wins, as over a sampled preset
 
     def _check_presets(self) -> None:
         fixed = {search_spaces.bare(k): v for k, v in self.fixed.items()}
