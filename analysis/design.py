@@ -25,9 +25,9 @@ W is the **critical width** (``center='critical'``): the widest grid width below
 just fails to fit its labels, where Nakkiran et al.'s peak sits (their critical regime: the model can barely fit
 the training set); ``center='threshold'`` tests at T itself and is reported as a sensitivity check. W comes from the
 main run's train errors only, so the widths tested are fixed without looking at any test error. The power figure
-uses the seed sd of the noisier of the two contrasts, measured the same way on the pilot (``Spread.power_sd``: a
-peak needs both tests, so the noisier side sets the joint power; where no pilot contrast had a neighbour on each
-side, sqrt(2) x one width's seed sd, and the output says which).
+uses the seed sds of the two contrasts, measured the same way on the pilot (``Spread.mde``, ``mde_sides``: a peak
+needs both tests, each with the power of its own sd, jointly 0.8; where no pilot contrast had a neighbour on each
+side, sqrt(2) x one width's seed sd, ``Spread.power_sd``, and the output says which).
 
 ``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
@@ -535,6 +535,24 @@ def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
     return float(max(approx, exact) * sd)
 
 
+def mde_sides(sd_left: float, sd_right: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest peak height (both contrasts at least this) the declared test detects over ``k`` seeds with joint
+    ``power``, each one-sided paired t-test's power from its own contrast's sd (noncentral t), the joint power their
+    product (the two share the centre width, correlate positively, so it is at least that). With one side quiet the
+    other carries the power alone: about ``power`` on it, not ``sqrt(power)`` (taking the larger sd for both, as on
+    2026-11-29 first, gave a joint power near 0.9 and asked 8 seeds where 6 have 0.8)."""
+    sds = np.array([sd_left, sd_right], float)
+    if k < 2 or not np.isfinite(sds).all() or (sds <= 0).any():
+        return np.nan
+    crit = stats.t.ppf(1 - alpha, k - 1)
+
+    def short(d: float) -> float:  # joint power at height d minus the target
+        return float(np.prod(stats.nct.sf(crit, k - 1, d * np.sqrt(k) / sds))) - power
+
+    hi = mde(float(sds.max()), k, alpha, power)  # each side at sqrt(power) with the larger sd: joint >= power
+    return float(optimize.brentq(short, 1e-12 * hi, hi, xtol=1e-12)) if short(hi) > 0 else hi
+
+
 @dataclass
 class Spread:
     contrast_sd: float  # pooled sd over seeds of the two peak contrasts
@@ -550,6 +568,13 @@ class Spread:
         if not (np.isfinite(self.left_sd) and np.isfinite(self.right_sd)):
             return None
         return "left" if self.left_sd >= self.right_sd else "right"
+
+    def mde(self, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+        """The smallest detectable peak over ``k`` seeds from this pilot: from both contrasts' own sds
+        (``mde_sides``) where the pilot measured them, else from ``power_sd``."""
+        if self.dof and self.side is not None:
+            return mde_sides(self.left_sd, self.right_sd, k, alpha, power)
+        return mde(self.power_sd, k, alpha, power)
 
     @property
     def power_sd(self) -> float:
@@ -583,9 +608,10 @@ class Spread:
     def power_source(self) -> str:
         if self.dof and self.side:
             other = "right" if self.side == "left" else "left"
-            return (f"the pilot's noisier contrast, {self.side} sd {self.power_sd:.4f} ({self.dof // 2} dof over "
-                    f"{self.curves} curves; {other} sd {min(self.left_sd, self.right_sd):.4f}): a peak needs both "
-                    "one-sided tests, so the noisier side sets the power")
+            return (f"the pilot's two contrast sds, {self.side} {self.power_sd:.4f} and {other} "
+                    f"{min(self.left_sd, self.right_sd):.4f} ({self.dof // 2} dof each over {self.curves} curves): a "
+                    "peak needs both one-sided tests, each with the power of its own sd, jointly the stated power "
+                    "(`mde_sides`)")
         if self.dof:
             return f"the pilot's contrast sd {self.contrast_sd:.4f} ({self.dof} dof over {self.curves} curves)"
         return (f"sqrt(2) x the pilot's one-width sd {self.width_sd:.4f} = {self.power_sd:.4f} (no pilot contrast "
@@ -699,8 +725,10 @@ NO_GRID = ("no declared grid: the runs name no study whose storage records one (
 
 
 def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
-               tol: float = 0.01, alpha: float = ALPHA, rule: str = "critical") -> list[PeakTest]:
-    """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict."""
+               tol: float = 0.01, alpha: float = ALPHA, rule: str = "critical",
+               pilot: Spread | None = None) -> list[PeakTest]:
+    """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict.
+    The power comes from ``pilot`` (its ``Spread.mde``) where given, else from the one sd ``pilot_sd``."""
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
     grids = _declared_grids(df)
@@ -741,7 +769,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
                     "check that the seeds differ")
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
-        detectable = mde(pilot_sd, k, alpha)
+        detectable = pilot.mde(k, alpha) if pilot is not None else mde(pilot_sd, k, alpha)
         says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p, deciding)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
@@ -784,11 +812,11 @@ def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: i
         return {}
     ok = ok.assign(dist=np.abs(np.log(ok["threshold"] / target)))
     row = ok.sort_values(["dist", "threshold"]).iloc[0]
-    sd = p["spread"].power_sd
-    seeds = next((k for k in range(min_seeds, max_seeds + 1) if mde(sd, k) <= p["effect"]), max_seeds)
+    sp = p["spread"]
+    seeds = next((k for k in range(min_seeds, max_seeds + 1) if sp.mde(k) <= p["effect"]), max_seeds)
     ladder = tuple(w for w in LADDER if w % p["heads"] == 0) if p.get("heads") else LADDER  # dims a ViT can take
     out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"], ladder), "seeds": seeds,
-           "mde": mde(sd, seeds)}
+           "mde": sp.mde(seeds)}
     if "dataset.n_train" in th:
         out["n_train"] = int(row["dataset.n_train"])
     return out
@@ -822,7 +850,7 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
             "pilot_seeds": tuple(sorted(df[SEED].dropna().unique())) if SEED in df else (),
             "heads": int(heads[0]) if len(heads) == 1 else None,
             "collapses": collapse_table(df, width), "spread": sp,
-            "mde": {k: mde(sp.power_sd, k) for k in seeds}, "effect": effect,
+            "mde": {k: sp.mde(k) for k in seeds}, "effect": effect,
             "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
                       for r in th.to_dict("records")}}
 
@@ -1050,7 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
         sp = spread(pilot, tol=a.tol, rule=a.center)
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
-        text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center), sp, a.center)
+        text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center, pilot=sp), sp,
+                              a.center)
         text += precision_note(main_runs) + machine_note(main_runs)
         if not _declared_grids(main_runs):
             text += "\n" + NO_GRID[0].upper() + NO_GRID[1:] + ".\n"

@@ -916,9 +916,9 @@ def test_the_main_runs_overrides_use_the_pilots_width_key_head_multiples_and_fre
     dims = re.search(r"model\.dim=choice\(([\d,]+)\)", line)
     assert dims and "model.width" not in line, line
     assert all(int(d) % 4 == 0 for d in dims.group(1).split(",")), line
-    # fresh seeds after the pilot's: the declared main run's 2-7, and since the power figure takes the noisier
-    # contrast (0.0247, not the pooled 0.0212), the rule now asks 8 seeds to detect 0.03, not 6
-    assert "seed=choice(2,3,4,5,6,7,8,9)" in line, line
+    # fresh seeds after the pilot's: the declared main run's 2-7, and since the power figure takes each contrast's
+    # own sd (0.0247 and 0.0170, not the pooled 0.0212), the rule now asks 7 seeds to detect 0.03 (6 detect 0.0301)
+    assert "seed=choice(2,3,4,5,6,7,8)" in line, line
 
 
 def test_a_curve_whose_widths_ran_under_different_step_or_wall_limits_is_refused(tmp_path):
@@ -1008,16 +1008,20 @@ def test_the_power_figure_takes_the_noisier_contrast_since_a_peak_needs_both(tmp
     assert lo < sp.power_sd < hi and sp.dof == 2 * 5
     from scipy import stats
     assert hi / lo == pytest.approx(np.sqrt(stats.chi2.ppf(0.975, 5) / stats.chi2.ppf(0.025, 5)), rel=1e-6)
-    # simulated joint power of the declared test at the mde for 4 seeds, with these two sides: at least 0.8
-    k, d = 4, design.mde(sp.power_sd, 4)
+    # simulated joint power of the declared test at the mde for 4 seeds, with these two sides: 0.8, not more (the
+    # larger sd for both sides, the first fix, gave about 0.9 and asked more seeds than the rule needs)
+    k, d = 4, sp.mde(4)
+    assert d < design.mde(sp.power_sd, 4)
     crit = stats.t.ppf(1 - design.ALPHA, k - 1)
-    x = rng.normal(0, 1, (20000, k, 3)) * [sp.left_sd / np.sqrt(2), sp.right_sd / np.sqrt(2), sp.right_sd / np.sqrt(2)]
+    centre = min(sp.left_sd, sp.right_sd) / np.sqrt(2)  # shared by both contrasts, whose sds are the pilot's
+    x = rng.normal(0, 1, (20000, k, 3)) * [np.sqrt(sp.left_sd**2 - centre**2), centre,
+                                           np.sqrt(sp.right_sd**2 - centre**2)]
     x[..., 1] += d  # the centre stands d above both neighbours
     both = np.ones(len(x), bool)
     for side in (0, 2):
         c = x[..., 1] - x[..., side]
         both &= c.mean(1) / (c.std(1, ddof=1) / np.sqrt(k)) > crit
-    assert both.mean() >= 0.79
+    assert 0.77 <= both.mean() <= 0.85, both.mean()
 
 
 def test_a_test_on_runs_that_declare_no_grid_says_it_cannot_see_what_never_started(tmp_path, capsys):
