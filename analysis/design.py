@@ -704,6 +704,9 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
         return "reproduced"
     if np.isfinite(detectable) and detectable <= effect:
         return "not reproduced"
+    if not np.isfinite(detectable):
+        return ("inconclusive (no power figure: the pilot measured no seed spread, or too few seeds finished; a "
+                "pilot with two or more seeds that differ would settle what the design can detect)")
     return (f"inconclusive (the design detects {detectable:.3f} and up, the published effect is taken as "
             f"{effect:.3f}: more seeds would settle it)")
 

@@ -980,7 +980,7 @@ def test_a_collapse_that_decides_the_threshold_makes_the_verdict_inconclusive(tm
 def test_a_pilot_without_spread_gives_no_power_and_no_verdict_of_absence():
     """Review 2026-11-29 (stats, 6): a pilot sd of 0 gave a smallest detectable peak of 0, and "not reproduced"."""
     assert np.isnan(design.mde(0.0, 4)) and np.isnan(design.mde(-0.1, 4))
-    assert design.verdict(0.5, -0.01, design.mde(0.0, 4), 0.05, 0).startswith("inconclusive")
+    assert design.verdict(0.5, -0.01, design.mde(0.0, 4), 0.05, 0).startswith("inconclusive (no power figure")
 
 
 def test_the_effect_must_be_an_error_fraction(tmp_path, capsys):

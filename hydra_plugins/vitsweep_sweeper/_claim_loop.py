@@ -18,6 +18,7 @@ from optuna.trial import Trial, TrialState
 
 from . import _liveness as liveness
 from . import _protocol as protocol
+from . import _search_space as search_spaces
 from . import _storage as storages
 from . import _study as studies
 from . import _submitit
@@ -132,7 +133,7 @@ class ClaimLoop:
             trial.set_user_attr(name, value)
         if self.extend is not None:
             self.extend(self.config, trial)
-        overlap = trial.params.keys() & self.fixed.keys()
+        overlap = trial.params.keys() & {search_spaces.bare(k) for k in self.fixed}  # `++lr` fixes `lr`
         if overlap:
             raise ValueError(f"hydra.sweeper.custom_search_space suggests fixed parameters {sorted(overlap)}")
         out: list[str] = []
