@@ -54,9 +54,11 @@ reports: install
 	$(PY) $(S)/heads_depth/scripts/orderings.py $(S)/heads_depth/records/confirm $(S)/heads_depth/analysis/confirm \
 		--declared > /dev/null
 	$(PY) -m analysis.report $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
+		$(S)/double_descent_cnn/records/main_seeds789 \
 		--out $(S)/double_descent_cnn/analysis
 	$(PY) -m analysis.design plan $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/pilot_plan.md
 	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
+		$(S)/double_descent_cnn/records/main_seeds789 \
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_test.md
 	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main_fixed --capped-from \
 		$(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 --curves \

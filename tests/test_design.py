@@ -690,7 +690,7 @@ def test_every_study_folder_has_the_one_shape():
     ("double_descent_cnn_cifar10", ["records/earlier_cpu", "records/earlier_cpu_threshold"], "earlier_cpu"),
     ("double_descent_cnn_cifar10", ["records/main"], "main"),
     ("double_descent_cnn_cifar10", ["records/main_fixed"], "main_fixed"),
-    ("double_descent_cnn", ["records/main", "records/main_seed6"], ""),
+    ("double_descent_cnn", ["records/main", "records/main_seed6", "records/main_seeds789"], ""),
     ("double_descent_vit", ["records/main_gpu"], "main_gpu"),
     ("double_descent_vit", ["records/main_bf16"], "main_bf16"),
     *[(study, [f"records/{run}"], run) for study, run in (("patch_size", "rerun"), ("vit_vs_cnn", "rerun"),
@@ -712,7 +712,8 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
     *[("double_descent_cnn_cifar10", [f"records/{arm}"], ["records/pilot_gpu", "records/pilot_gpu_threshold"], c,
        f"{arm}/{name}", [], None) for arm in ("main", "main_fixed")
       for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
-    ("double_descent_cnn", ["records/main", "records/main_seed6"], ["records/pilot_gpu"], "critical", "main_test.md",
+    ("double_descent_cnn", ["records/main", "records/main_seed6", "records/main_seeds789"], ["records/pilot_gpu"],
+     "critical", "main_test.md",
      [], None),
     ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
      ["records/main", "records/main_seed6"], None),
