@@ -69,7 +69,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from analysis.double_descent import descent_curves, width_column
-from analysis.load import completed_only, load_runs, one_run_per_seed, require_columns, studies_of
+from analysis.load import _norm, completed_only, load_runs, one_run_per_seed, require_columns, studies_of
 from analysis.tables import to_markdown
 from src.run_contract import STUDY_RUNTIME_KEYS
 
@@ -85,16 +85,6 @@ ALPHA, POWER = 0.05, 0.8
 def curve_keys(df: pd.DataFrame) -> list[str]:
     """The keys of ``CURVE_KEYS`` that vary in ``df`` (one curve per combination, and per noise level)."""
     return [k for k in CURVE_KEYS if k in df.columns and df[k].nunique(dropna=False) > 1]
-
-
-def _norm(v):
-    """One spelling of a key's value in both frames: 8, 8.0 and "8" alike; NaN and None alike."""
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "nan"
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return str(v)
 
 
 STOP_RULE_KEYS = ("trainer.converge_epochs", "trainer.converge_tol")  # what the two arms may differ in
@@ -727,14 +717,15 @@ NO_GRID = ("no declared grid: the runs name no study whose storage records one (
            "through the vitsweep sweeper, which records its grid, or check the grid by hand")
 
 
-def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | None = None,
+def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width: str | None = None,
                tol: float = 0.01, alpha: float = ALPHA, rule: str = "critical",
-               pilot: Spread | None = None) -> list[PeakTest]:
+               grids: dict[tuple[str, str], dict] | None = None) -> list[PeakTest]:
     """The declared test on every curve of a main run: threshold from train errors, paired contrast, verdict.
-    The power comes from ``pilot`` (its ``Spread.mde``) where given, else from the one sd ``pilot_sd``."""
+    ``pilot_sd``: the pilot's ``Spread`` (its ``mde``), or one sd; ``grids``: ``_declared_grids(df)``, read here
+    when not given."""
     width = width or width_column(df)
     require_columns(df, width, NOISE, SEED, "train_error", "test_error")
-    grids = _declared_grids(df)
+    grids = _declared_grids(df) if grids is None else grids
     if not grids:
         warnings.warn(NO_GRID, stacklevel=2)
     one_recipe(df, width, grids)
@@ -772,7 +763,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float, effect: float, width: str | No
                     "check that the seeds differ")
         means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
         height = float(min(means["left"], means["right"]))
-        detectable = pilot.mde(k, alpha) if pilot is not None else mde(pilot_sd, k, alpha)
+        detectable = pilot_sd.mde(k, alpha) if isinstance(pilot_sd, Spread) else mde(pilot_sd, k, alpha)
         says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p, deciding)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
@@ -1081,10 +1072,11 @@ def main(argv: list[str] | None = None) -> int:
         sp = spread(pilot, tol=a.tol, rule=a.center)
         if a.capped_from:
             main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
-        text = tests_markdown(peak_tests(main_runs, sp.power_sd, a.effect, tol=a.tol, rule=a.center, pilot=sp), sp,
+        grids = _declared_grids(main_runs)
+        text = tests_markdown(peak_tests(main_runs, sp, a.effect, tol=a.tol, rule=a.center, grids=grids), sp,
                               a.center)
         text += precision_note(main_runs) + machine_note(main_runs)
-        if not _declared_grids(main_runs):
+        if not grids:
             text += "\n" + NO_GRID[0].upper() + NO_GRID[1:] + ".\n"
         if a.curves:
             text += curves_markdown(main_runs)
