@@ -388,7 +388,6 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                     state = resume(cfg, run_dir, found)
                     start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
                     if not already_stopped(state):
-                        state.drop_partial_evaluation()  # extended past a stop mid-epoch (as trainer._train)
                         states[k] = state
                         continue
                     done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint

@@ -209,7 +209,9 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
 
 
 def begin_epoch(state: RunState) -> None:
-    """Move on to the next epoch unless the one in progress was cut short (a resume mid-epoch)."""
+    """Move on to the next epoch unless the one in progress was cut short (a resume mid-epoch: an evaluation of its
+    half-trained model, made where a step rule stopped it, leaves the records as the epoch goes on)."""
+    state.drop_partial_evaluation()
     if state.epoch_done:
         state.epoch, state.epoch_done = state.epoch + 1, False
     state.model.train()
@@ -484,7 +486,6 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
         with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
             if already_stopped(state):  # killed after its final checkpoint, before its summary
                 return finish(state, state.stop_reason, checkpoint=False)
-            state.drop_partial_evaluation()  # extended past a stop mid-epoch: that evaluation leaves the records
             state.started = time.perf_counter()
             with _progress(state) as pbar:
                 try:
