@@ -67,8 +67,11 @@ reports: install
 		--out $(S)/double_descent_vit/analysis/pilot_plan.md
 	for grid in main_gpu main_bf16; do \
 		$(PY) -m analysis.report $(S)/double_descent_vit/records/$$grid --out $(S)/double_descent_vit/analysis/$$grid; \
-		$(PY) -m analysis.design test $(S)/double_descent_vit/records/$$grid --pilot $(S)/double_descent_vit/records/pilot_gpu \
-			--effect 0.03 --out $(S)/double_descent_vit/analysis/$$grid/declared_test.md > /dev/null; \
+		for c in critical:declared_test threshold:sensitivity_threshold; do \
+			$(PY) -m analysis.design test $(S)/double_descent_vit/records/$$grid --center $${c%%:*} \
+				--pilot $(S)/double_descent_vit/records/pilot_gpu \
+				--effect 0.03 --out $(S)/double_descent_vit/analysis/$$grid/$${c#*:}.md > /dev/null; \
+		done; \
 	done
 	$(PY) -m analysis.design test $(S)/double_descent_vit/records/fixed_bf16 --capped-from \
 		$(S)/double_descent_vit/records/main_bf16 --curves --pilot $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \

@@ -71,7 +71,7 @@ from scipy import optimize, stats
 from analysis.double_descent import descent_curves, width_column
 from analysis.load import _norm, completed_only, load_runs, one_run_per_seed, require_columns, studies_of
 from analysis.tables import to_markdown
-from src.run_contract import STUDY_RUNTIME_KEYS
+from src.run_contract import SPIKE_RISE, SPIKE_WINDOW, STUDY_RUNTIME_KEYS
 
 NOISE = "label_noise.p"
 LR = "optimizer.lr"
@@ -440,6 +440,56 @@ def deciding_flags(c: pd.DataFrame, width: str, tol: float, rule: str) -> int:
     return int(_flagged(c[c[width] <= upto] if np.isfinite(upto) else c).sum())
 
 
+def _recent(c: pd.DataFrame) -> pd.DataFrame:
+    """``c`` with each run's train error read as its recent one (``recent_train_error``: the median of its last
+    readings), the final one where a run has none."""
+    if "recent_train_error" not in c:
+        return c
+    return c.assign(train_error=pd.to_numeric(c["recent_train_error"], errors="coerce").fillna(c["train_error"]))
+
+
+def spike_centre(c: pd.DataFrame, width: str, tol: float, rule: str) -> tuple[int, str]:
+    """Whether end-of-run loss spikes decide where the test is centred: (the runs whose final and recent train
+    errors fall on either side of ``tol``, at the widths up to the larger of the two readings' thresholds; the
+    centre read from the recent train errors, with what the same contrast reads there, post hoc) where that centre
+    differs from the declared reading's (the final train errors), else (0, ""). The declared reading stays; the
+    verdict says it is fragile."""
+    t, r = center(c, width, tol, rule), center(_recent(c), width, tol, rule)
+    if _same(t, r):
+        return 0, ""
+    upto = np.nanmax([threshold(c, width, tol), threshold(_recent(c), width, tol), -np.inf])
+    sel = c[c[width] <= upto] if np.isfinite(upto) else c
+    n = int(((sel["train_error"] > tol) != (_recent(sel)["train_error"] > tol)).sum())
+    if not np.isfinite(r):
+        return n, "none (no width below a threshold in the grid)"
+    d, (lo, _, hi) = peak_contrast(c, width, r)
+    if lo is None or hi is None:
+        return n, f"{r:g}, with no grid width {'at most half' if lo is None else 'at least twice'} it to test against"
+    if len(d) < 2 or not (d.std() > 0).all():
+        return n, f"{r:g} ({len(d)} seeds hold it and both neighbours: no paired test)"
+    p = max(float(stats.ttest_1samp(d[x].to_numpy(), 0.0, alternative="greater").pvalue) for x in ("left", "right"))
+    return n, (f"{r:g}, where the same contrast (post hoc) stands {float(d.mean().min()):.3f} above {lo:g} and "
+               f"{hi:g}, p {p:.2g}")
+
+
+def spike_note(df: pd.DataFrame) -> str:
+    """The finished runs that ended inside a loss spike (``ended_in_spike``), per curve with their final and recent
+    train errors, else "": the test reads their final errors, as declared, and the reader should know."""
+    if "ended_in_spike" not in df or not df["ended_in_spike"].any():
+        return ""
+    width = width_column(df)
+    keys = [*curve_keys(df), NOISE]
+    spiked = df[df["ended_in_spike"] & (df["status"] == "completed")].sort_values([width, SEED])
+    parts = [f"{curve_name(keys, key)}: " + ", ".join(
+        f"{width} {w:g} seed {x:g} ({f:.3f}, recent {r:.3f})"
+        for w, x, f, r in zip(c[width], c[SEED], c["train_error"], c["recent_train_error"], strict=True))
+        for key, c in spiked.groupby(keys, dropna=False, sort=True)]
+    return (f"\nRuns that ended inside a loss spike (final train error {SPIKE_RISE:g} or more above its recent one, "
+            f"the median of its last {SPIKE_WINDOW} readings; the test reads their final errors, as declared, so "
+            "their test errors are read inside the spike; `spiked_runs` counts those at the tested widths): "
+            + "; ".join(parts) + ".\n")
+
+
 def _same(a: float, b: float) -> bool:
     return (np.isnan(a) and np.isnan(b)) or a == b
 
@@ -670,15 +720,32 @@ class PeakTest:
     # pilot's, which the power figure uses)
     mde: float
     effect: float
+    spiked_runs: int  # runs at the three tested widths that ended inside a loss spike (``ended_in_spike``)
     verdict: str
 
 
 def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
             missing: str | None = None, unread: str | None = None, no_p: str | None = None,
-            deciding: int = 0) -> str:
+            deciding: int = 0, spikes: tuple[int, str] = (0, ""), without: str = "") -> str:
     """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring.
     ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value; ``deciding``: flagged
-    runs that decide where the test is centred (``deciding_flags``)."""
+    runs that decide where the test is centred (``deciding_flags``); ``spikes``: runs whose end-of-run spikes decide
+    it and the centre read without them (``spike_centre``), and ``without``: what the test reads without the seeds
+    whose runs at the tested widths ended inside a spike, where that is another verdict: either makes the verdict
+    "fragile", said in it."""
+    says = _verdict(p, mean, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
+    fragile = []
+    if spikes[0]:
+        fragile.append(f"{spikes[0]} run{'s' if spikes[0] > 1 else ''}' final train errors, read inside end-of-run "
+                       f"loss spikes or dips, decide the tested width: read by each run's median over its last "
+                       f"{SPIKE_WINDOW} readings it is {spikes[1]}")
+    if without:
+        fragile.append(without)
+    return f"{says} (fragile: {'; '.join(fragile)})" if fragile else says
+
+
+def _verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float,
+             missing: str | None, unread: str | None, no_p: str | None, deciding: int) -> str:
     if missing:
         return f"inconclusive (grid unfinished: {missing})"
     if unread:
@@ -748,31 +815,59 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
         never = len(c) and not np.isfinite(threshold(c, width, tol))
         d, (lo, _, hi) = (peak_contrast(c, width, t) if np.isfinite(t)
                           else (pd.DataFrame(columns=["left", "right"], dtype=float), (None, t, None)))
-        flagged = int(_flagged(c[c[width].isin([w for w in (lo, t, hi) if w is not None])]).sum())
+        tested = c[c[width].isin([w for w in (lo, t, hi) if w is not None])]
+        flagged = int(_flagged(tested).sum())
+        spiked = int(tested["ended_in_spike"].sum()) if "ended_in_spike" in tested else 0
         deciding = deciding_flags(c, width, tol, rule) if len(c) else 0
-        k = len(d)
-        p = np.nan
-        no_p = (f"no width interpolates (mean train error <= {tol} at none): the threshold lies past the grid's "
-                "widest model" if never else None)
-        if k >= 2 and (d.std() > 0).all():
-            p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue)
-                    for s in ("left", "right"))
-        elif lo is not None and hi is not None:
-            no_p = (f"{k} seed{'s have' if k != 1 else ' has'} the three tested widths: the paired t-test needs 2 or "
-                    "more" if k < 2 else "a contrast is the same in every seed: the paired t-test needs a spread; "
-                    "check that the seeds differ")
-        means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
-        height = float(min(means["left"], means["right"]))
-        detectable = pilot_sd.mde(k, alpha) if isinstance(pilot_sd, Spread) else mde(pilot_sd, k, alpha)
-        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unscored(c, width), no_p, deciding)
+        spikes = spike_centre(c, width, tol, rule) if len(c) else (0, "")
+        k, p, means, height, detectable, no_p = _contrast_test(d, lo, hi, never, tol, pilot_sd, alpha)
+        unread = unscored(c, width)
+        # runs at the tested widths that ended inside a spike: their test errors read it. Fragile where they decide
+        # the verdict: a peak that is not significant without their seeds, or no peak where the seeds left show one
+        # (significant, or as high as the effect); fewer seeds alone (power) make nothing fragile
+        spiked_seeds = set(tested.loc[tested["ended_in_spike"], SEED]) if spiked else set()
+        without = ""
+        if spiked_seeds:
+            _, kp, _, kept_height, kd, kno = _contrast_test(d[~d.index.isin(spiked_seeds)], lo, hi, never, tol,
+                                                            pilot_sd, alpha)
+            kept = verdict(kp, kept_height, kd, effect, flagged, alpha, missing, unread, kno, deciding)
+            ours = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
+            ours, kept_says = ours.split(" (")[0], kept.split(" (")[0]
+            if ((ours == "reproduced" and kept_says != "reproduced")
+                    or (ours != "reproduced" and (kept_says == "reproduced" or kept_height >= effect))):
+                n = len(spiked_seeds)
+                without = (f"{spiked} run{'s' if spiked > 1 else ''} at the tested widths ended inside a loss spike; "
+                           f"without {'its seed' if n == 1 else f'their {n} seeds'} the test reads {kept}")
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, spikes, without)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
-                            own, detectable, effect, says))
+                            own, detectable, effect, spiked, says))
     out += [PeakTest(curve_name(keys, key), np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, 0, np.nan, np.nan,
-                     effect, verdict(np.nan, np.nan, np.nan, effect, 0, alpha,
+                     effect, 0, verdict(np.nan, np.nan, np.nan, effect, 0, alpha,
                                      f"0 of {len(pairs)} runs finished, {len(pairs)} not started"))
             for key, pairs in declared.items()]  # declared curves with no run at all
     return out
+
+
+def _contrast_test(d: pd.DataFrame, lo, hi, never: bool, tol: float, pilot_sd: float | Spread, alpha: float
+                   ) -> tuple[int, float, pd.Series, float, float, str | None]:
+    """The paired one-sided tests on per-seed contrasts ``d`` (``peak_contrast``): (seeds, the intersection-union p,
+    the contrasts' means, the height (the smaller mean), the smallest detectable peak with these seeds, why there is
+    no p where there is none)."""
+    k = len(d)
+    p = np.nan
+    no_p = (f"no width interpolates (mean train error <= {tol} at none): the threshold lies past the grid's "
+            "widest model" if never else None)
+    if k >= 2 and (d.std() > 0).all():
+        p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue) for s in ("left", "right"))
+    elif lo is not None and hi is not None:
+        no_p = (f"{k} seed{'s have' if k != 1 else ' has'} the three tested widths: the paired t-test needs 2 or "
+                "more" if k < 2 else "a contrast is the same in every seed: the paired t-test needs a spread; "
+                "check that the seeds differ")
+    means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
+    height = float(min(means["left"], means["right"]))
+    detectable = pilot_sd.mde(k, alpha) if isinstance(pilot_sd, Spread) else mde(pilot_sd, k, alpha)
+    return k, p, means, height, detectable, no_p
 
 
 def _declared_curves(df: pd.DataFrame, keys: list[str], width: str, grids: dict[tuple[str, str], dict]
@@ -1075,7 +1170,7 @@ def main(argv: list[str] | None = None) -> int:
         grids = _declared_grids(main_runs)
         text = tests_markdown(peak_tests(main_runs, sp, a.effect, tol=a.tol, rule=a.center, grids=grids), sp,
                               a.center)
-        text += precision_note(main_runs) + machine_note(main_runs)
+        text += spike_note(main_runs) + precision_note(main_runs) + machine_note(main_runs)
         if not grids:
             text += "\n" + NO_GRID[0].upper() + NO_GRID[1:] + ".\n"
         if a.curves:

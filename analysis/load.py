@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import statistics
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -208,15 +209,18 @@ def _run_record(run_dir: Path) -> tuple[dict, list[str]]:
                 row[f"summary.{k}"] = v  # the trainer recorded something other than the config
             else:
                 row[k] = v
-    if summary is not None:  # the lowest train error the run reached: the trainer's record, or for a run written
-        # before it kept one, from its metrics
+    if summary is not None:  # from its metrics: the lowest train error the run reached (the trainer's record where
+        # it kept one) and its recent one, the median of its last readings (a final reading inside a spike stands out)
+        path = run_dir / "metrics.jsonl"
+        readings = [m["train_error"] for m in (read_metrics(path) if path.is_file() else [])
+                    if isinstance(m.get("train_error"), int | float)]
         lowest = row.get("best_train_error")
         if not isinstance(lowest, int | float):
-            path = run_dir / "metrics.jsonl"
-            lowest = min((m["train_error"] for m in (read_metrics(path) if path.is_file() else [])
-                          if isinstance(m.get("train_error"), int | float)), default=None)
+            lowest = min(readings, default=None)
         if lowest is not None:
             row["min_train_error"] = lowest
+        if readings:
+            row["recent_train_error"] = float(statistics.median(readings[-contract.SPIKE_WINDOW:]))
     if "study_name" not in row and row.get("trial.study_name") is not None:
         row["study_name"] = row["trial.study_name"]
     if "trial_number" not in row and row.get("trial.number") is not None:
@@ -264,7 +268,10 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
     records this in `stalled`; summaries written before it did say false), or it ``collapsed``: its train error ended
     ``COLLAPSE_RISE`` (0.5) or more above the lowest it reached (``min_train_error``: the summary's
     ``best_train_error``, or metrics.jsonl for older runs), e.g. a model that nearly fit its labels and then lost
-    them to a loss spike, ending a few points below chance. Either way it did not end as a learned model. Neither
+    them to a loss spike, ending a few points below chance. Either way it did not end as a learned model.
+    ``ended_in_spike``: a finished run, not collapsed, whose final train error lies ``SPIKE_RISE`` (0.05) or more above
+    ``recent_train_error``, the median of its last ``SPIKE_WINDOW`` (20) readings in metrics.jsonl: a learned model
+    read inside a transient loss spike (its final errors are the spike's; the analysis says so). Neither
     chance rule applies where one class is a majority (``chance_train_error`` below ``MIN_CHANCE_ERROR``, 0.5), as
     in the trainer. Such a run is a result (its test and train errors are real) and gets ``status`` 'completed';
     runs written before the contract recorded it as 'failed' with a NaN objective, which is then taken from the
@@ -294,6 +301,13 @@ def result_flags(df: pd.DataFrame) -> pd.DataFrame:
             lowest = pd.to_numeric(df["min_train_error"], errors="coerce")
             collapsed = (finished & contract.collapsed(final, lowest, chance)).fillna(False).astype(bool)
     df["collapsed"] = collapsed
+    spiked = pd.Series(False, index=df.index)
+    if "recent_train_error" in df and "train_error" in df:  # a finished run not collapsed whose final train error
+        # reads a transient spike above its recent readings
+        recent = pd.to_numeric(df["recent_train_error"], errors="coerce")
+        final = pd.to_numeric(df["train_error"], errors="coerce")
+        spiked = ((df["status"] == "completed") & ~collapsed & contract.ended_in_spike(final, recent)).fillna(False)
+    df["ended_in_spike"] = spiked.astype(bool)
     stalled |= collapsed
     df["stalled"] = stalled
     df.loc[stalled, "status"] = "completed"

@@ -21,6 +21,12 @@ STALLED_MARGIN = 0.01  # the default trainer.stalled_margin: a train error this 
 # learned model (e.g. a loss spike killed its head's ReLUs); an unstable run that still learned rises less (CIFAR-10
 # C1 = 3 at 20% noise: 0.32)
 COLLAPSE_RISE = 0.5
+# A finished run ended inside a loss spike when its final train error lies SPIKE_RISE or more above the median of its
+# last SPIKE_WINDOW train-error readings (its recent train error): a transient, not the model it had been (MNIST ViTs
+# under AdamW fit their labels for hundreds of epochs, then spike for a few: one read 0% from epoch 155 to 498, 52% at
+# 499, 37.9% at 500). Its final errors read the spike; it is not collapsed (it rose less than COLLAPSE_RISE).
+SPIKE_WINDOW = 20
+SPIKE_RISE = 0.05
 # the chance rules hold where always predicting the commonest label is wrong at least this often: on a 2%-positive
 # binary set "chance" is a 0.02 train error, which a weighted model that learned exceeds
 MIN_CHANCE_ERROR = 0.5
@@ -58,6 +64,12 @@ def chance_rules_apply(chance_error: Any) -> Any:
 def at_chance(train_error: Any, chance_error: Any, margin: Any = STALLED_MARGIN) -> Any:
     """The train error is within ``margin`` of chance, on a set where the chance rules apply."""
     return chance_rules_apply(chance_error) & (train_error >= chance_error - margin)
+
+
+def ended_in_spike(final_error: Any, recent_error: Any) -> Any:
+    """The run's final train error lies ``SPIKE_RISE`` or more above its recent one (the median of its last
+    ``SPIKE_WINDOW`` readings)."""
+    return final_error - recent_error >= SPIKE_RISE
 
 
 def collapsed(final_error: Any, lowest_error: Any, chance_error: Any) -> Any:

@@ -717,8 +717,9 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
      [], None),
     ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
      ["records/main", "records/main_seed6"], None),
-    *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], "critical", f"{grid}/declared_test.md", [],
-       0.03) for grid in ("main_gpu", "main_bf16")],
+    *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], c, f"{grid}/{name}", [], 0.03)
+      for grid in ("main_gpu", "main_bf16")
+      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
     ("double_descent_vit", ["records/fixed_bf16"], ["records/pilot_gpu"], "critical", "fixed_bf16/declared_test.md",
      ["records/main_bf16"], 0.03)]
 
@@ -1061,3 +1062,69 @@ def test_a_curve_that_never_interpolates_says_so(tmp_path):
     df = load_runs(write_pilot(tmp_path, seeds=(0, 1), lrs=(0.02,), sizes=(8192,)))
     (test,) = design.peak_tests(df.assign(train_error=0.3), pilot_sd=0.015, effect=0.05)
     assert "no width interpolates" in test.verdict
+
+
+def test_a_run_whose_last_reading_is_a_loss_spike_is_flagged_with_its_recent_train_error(tmp_path):
+    """Review 2026-11-29 (records audit): ViT fixed-arm run 13 had 0% train error from epoch 155 to 498, read 52% at
+    499 and 37.9% at 500, and its summary said completed, not collapsed (a rise under 0.5): its final errors read a
+    transient AdamW loss spike, not the model, and nothing said so."""
+    config = cnn_config(0, 8, 0.02, 4096)
+    flat = [{"epoch": e, "train_error": 0.0} for e in range(1, 41)]
+    spike = [*flat[:-1], {"epoch": 40, "train_error": 0.379}]
+    falling = [{"epoch": e, "train_error": 0.4 - 0.01 * e} for e in range(1, 41)]
+    end = {"status": "completed", "stop_reason": "max_epochs", "chance_train_error": 0.9, "test_error": 0.25}
+    write_run(tmp_path, 0, config, {**end, "train_error": 0.379, "best_train_error": 0.0}, spike)
+    write_run(tmp_path, 1, config, {**end, "train_error": 0.0, "best_train_error": 0.0}, flat)
+    write_run(tmp_path, 2, config, {**end, "train_error": 0.0, "best_train_error": 0.0}, falling)
+    write_run(tmp_path, 3, config, {**end, "train_error": 0.1, "best_train_error": 0.0})  # no metrics.jsonl
+    df = load_runs(tmp_path).sort_values("run_dir", key=lambda s: s.str.len() * 100 + s.str[-1].map(ord))
+    assert df["ended_in_spike"].tolist() == [True, False, False, False]
+    assert df["recent_train_error"].iloc[0] == 0.0  # the median of its last 20 readings
+    assert df["recent_train_error"].iloc[2] == pytest.approx(np.median([0.4 - 0.01 * e for e in range(21, 41)]))
+    assert np.isnan(df["recent_train_error"].iloc[3])
+    assert not df["collapsed"].any()
+
+
+def test_a_tested_width_chosen_by_end_of_run_spikes_makes_the_verdict_say_so(tmp_path):
+    """Review 2026-11-29 (records audit): the ViT study's critical dim 16 was "the widest dim above 1% train error"
+    only because its runs' final epochs fell inside loss spikes (GPU grid, no weight decay: mean final 1.09%, mean of
+    each run's median over its last 20 epochs 0.18%); the verdict read "reproduced" with no word of it."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
+    df["recent_train_error"] = df["train_error"]
+    (plain,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)
+    assert plain.center == 6.0 and plain.verdict == "reproduced" and plain.spiked_runs == 0
+    # 3 of 4 seeds at the threshold width C1 = 8 end inside a spike: the final reading moves the threshold to 12
+    at8 = (df["model.width"] == 8) & (df["seed"] < 3)
+    spiked = df.copy()
+    spiked.loc[at8, ["train_error", "ended_in_spike"]] = [0.08, True]
+    (test,) = design.peak_tests(spiked, pilot_sd=0.015, effect=0.05)
+    assert test.center == 8.0  # the declared reading (final train errors) is kept ...
+    assert test.spiked_runs == 3  # ... and the runs at the tested widths that ended inside a spike are counted
+    assert test.verdict.startswith("inconclusive") or "fragile" in test.verdict
+    assert "3 runs" in test.verdict and "last 20" in test.verdict and "6" in test.verdict, test.verdict
+    # the same spikes far from the threshold (C1 = 32) move nothing: only counted where they are tested
+    far = df.copy()
+    far.loc[(far["model.width"] == 32) & (far["seed"] < 3), ["train_error", "ended_in_spike"]] = [0.08, True]
+    (test,) = design.peak_tests(far, pilot_sd=0.015, effect=0.05)
+    assert test.center == 6.0 and test.verdict == "reproduced" and test.spiked_runs == 0
+    text = design.spike_note(spiked)
+    assert "model.width 8 seed 0" in text and "0.080" in text
+
+
+def test_runs_ending_inside_a_spike_at_a_tested_width_make_the_verdict_fragile_where_they_decide_it(tmp_path):
+    """A spike read at the tested width inflates its test error: a curve with no peak, whose runs at the critical
+    width ended inside spikes in 4 of 6 seeds, read "reproduced"; without those seeds it reads otherwise, and the
+    verdict says so. Spiked runs that change nothing are counted (`spiked_runs`) but leave the verdict alone, also
+    where leaving their seeds out would only cost power."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2, 3, 4, 5), lrs=(0.02,), sizes=(8192,)))
+    flat = df.assign(test_error=np.where(df["model.width"] == 6, df["test_error"] - BUMP, df["test_error"]))
+    at6 = (flat["model.width"] == 6) & (flat["seed"] < 5)
+    flat.loc[at6, "test_error"] += 0.15
+    flat.loc[at6, "ended_in_spike"] = True
+    (test,) = design.peak_tests(flat, pilot_sd=0.015, effect=0.05)
+    assert test.spiked_runs == 5 and test.verdict.startswith("reproduced (fragile: ")
+    assert "without their 5 seeds the test reads inconclusive" in test.verdict, test.verdict
+    calm = flat.copy()
+    calm.loc[at6, "test_error"] -= 0.15
+    (test,) = design.peak_tests(calm, pilot_sd=0.015, effect=0.05)
+    assert test.spiked_runs == 5 and test.verdict == "not reproduced"  # one seed left: no power, nothing fragile
