@@ -106,3 +106,18 @@ def test_two_processes_building_one_cache_at_once_both_succeed(tmp_path):
     assert all("(20000, 32, 32, 3)" in out for out in outs), outs
     (cache,) = (tmp_path / "cache").iterdir()  # one cache, no temporary file left behind
     assert load_arrays("cifar10", path)["x_train"].shape == (20000, 32, 32, 3) and cache.suffix == ".pt"
+
+
+def test_a_cache_written_before_the_class_check_is_checked_too(tmp_path, monkeypatch):
+    """A run before the class-name check could cache MNIST under the name fashion_mnist; reading that cache back must
+    be refused as the archive itself is, not trusted because it exists."""
+    from src.data import sources
+
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+    path, x = _npz(tmp_path / "data")
+    arrays = {"x_train": x, "y_train": np.arange(60) % 3, "x_test": x[:12], "y_test": np.arange(12) % 3,
+              "classes": np.array(["0", "1", "2"])}
+    np.savez(path, **arrays)
+    sources._write_cache(sources._cache_path(path, "fashion_mnist"), arrays)  # as the unchecked loader left it
+    with pytest.raises(ValueError, match=r"not those of dataset=fashion_mnist"):
+        load_arrays("fashion_mnist", path)

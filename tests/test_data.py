@@ -252,3 +252,51 @@ def test_the_size_checks_name_the_key_at_fault_and_take_the_whole_test_split():
     assert "val_size" not in str(e.value)
     n_test = len(build_data({"name": "digits"}).y_test)
     assert len(build_data({"name": "digits", "test_size": n_test}).y_test) == n_test
+
+
+DIGIT_NAMES = [str(i) for i in range(10)]  # the classes array of ../shared/data/mnist.npz
+
+
+def _labelled_npz(path, classes, n=40, channels=1):
+    x, _ = _arrays(n=n, channels=channels)
+    np.savez(path, x_train=x, y_train=np.arange(n) % 10, x_test=x[:20], y_test=np.arange(20) % 10, classes=classes)
+    return path
+
+
+def test_an_archive_of_another_dataset_is_refused_naming_both_class_lists_and_the_fix(tmp_path):
+    """Defect: ``dataset=fashion_mnist dataset.root=.../mnist.npz`` trained MNIST under the name fashion_mnist and
+    finished as a normal run. The archive's ``classes`` array says which dataset it holds."""
+    path = _labelled_npz(tmp_path / "digits.npz", DIGIT_NAMES)
+    with pytest.raises(ValueError) as e:
+        build_data(dict(name="fashion_mnist", root=str(path), image_size=None))
+    msg = str(e.value)
+    assert f"dataset.root={path}" in msg and "dataset=fashion_mnist" in msg
+    assert "'0', '1', '2'" in msg and "'T-shirt/top', 'Trouser'" in msg and "10 in all" in msg  # both lists, cut short
+    assert "dataset=mnist" in msg and "dataset.root=" in msg.split("Fix:")[1]  # the two ways out
+    cifar = _labelled_npz(tmp_path / "cifar.npz", ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+                                                  "horse", "ship", "truck"], channels=3)
+    with pytest.raises(ValueError, match=r"not those of dataset=mnist.*Fix: dataset=cifar10"):
+        build_data(dict(name="mnist", root=str(cifar), image_size=None))
+
+
+@pytest.mark.parametrize("names", [DIGIT_NAMES, [f"{i} - {w}" for i, w in enumerate(
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])]])
+def test_an_archive_naming_its_datasets_classes_loads(tmp_path, names):
+    """The project's archives name MNIST's classes '0'..'9', torchvision '0 - zero'..: both are MNIST's."""
+    path = _labelled_npz(tmp_path / "digits.npz", names)
+    data = build_data(dict(name="mnist", root=str(path), image_size=None))
+    assert data.classes == names and data.num_classes == 10
+
+
+def test_the_known_class_names_are_torchvisions():
+    import torchvision.datasets as tvd
+
+    from src.data.sources import KNOWN_CLASSES
+
+    assert list(KNOWN_CLASSES["mnist"]) == tvd.MNIST.classes
+    assert list(KNOWN_CLASSES["fashion_mnist"]) == tvd.FashionMNIST.classes
+
+
+def test_the_real_mnist_archive_is_refused_as_fashion_mnist():
+    with pytest.raises(ValueError, match=r"mnist\.npz holds the classes .* not those of dataset=fashion_mnist"):
+        build_data(dict(name="fashion_mnist", root=str(shared_npz("mnist")), image_size=None))

@@ -1,7 +1,8 @@
 """Raw image sources: each returns uint8 arrays (N, H, W) or (N, H, W, C) and int labels.
 
 Accepted layouts for ``dataset.root`` (mnist, fashion_mnist, cifar10):
-  1. an ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8, HWC or HW),
+  1. an ``.npz`` file with ``x_train, y_train, x_test, y_test`` (uint8, HWC or HW) and optionally ``classes``, the
+     label names, which must be classes of the dataset named (``KNOWN_CLASSES``): another dataset's archive is refused,
   2. a folder tree ``train/<class>/*.png|jpg`` and ``test/<class>/*.png|jpg``,
   3. torchvision's own layout under ``root`` (``download=true`` fetches it; needs internet).
 The first load of 1-2 writes a uint8 tensor cache (``vitsweep-<name>-<key>.pt``) into the cache directory, so
@@ -25,6 +26,15 @@ import torch
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp"}
 TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
+# torchvision's class names, in label order (``torchvision.datasets.MNIST.classes``, ``FashionMNIST.classes``;
+# CIFAR-10's are read from its batches.meta file): written out so that checking an archive imports no torchvision
+KNOWN_CLASSES = {
+    "mnist": ("0 - zero", "1 - one", "2 - two", "3 - three", "4 - four", "5 - five", "6 - six", "7 - seven",
+              "8 - eight", "9 - nine"),
+    "fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}
 Arrays = dict[str, np.ndarray]
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,35 @@ def _from_npz(path: Path) -> Arrays:
                              "x_test, y_test")
         out = {k: z[k] for k in z.files}
     return out
+
+
+def _class_key(name: object) -> str:
+    """A class name as compared: case and outer spaces ignored, and torchvision's MNIST name '3 - three' read as
+    '3', the name the project's own archives (../shared/data) use."""
+    return str(name).split(" - ")[0].strip().lower()
+
+
+def _abbreviated(names: object, shown: int = 4) -> str:
+    names = [str(n) for n in names]
+    more = ", ..." if len(names) > shown else ""
+    return f"[{', '.join(map(repr, names[:shown]))}{more}] ({len(names)} in all)"
+
+
+def check_class_names(arrays: Arrays, name: str, path: Path) -> None:
+    """Refuse an archive whose ``classes`` array names a class that dataset ``name`` does not have: any .npz used to
+    train under any dataset name (MNIST ran, and was recorded, as fashion_mnist). The names may be some of the
+    dataset's classes, in any order: the labels index the archive's own list, and an archive of a few classes is
+    still that dataset. An archive without ``classes`` (the tests' fixtures) is taken on trust."""
+    if "classes" not in arrays or name not in KNOWN_CLASSES:
+        return
+    got = {_class_key(c) for c in arrays["classes"]}
+    if got <= {_class_key(c) for c in KNOWN_CLASSES[name]}:
+        return
+    owners = [other for other, names in KNOWN_CLASSES.items() if got <= {_class_key(c) for c in names}]
+    fix = f"dataset={owners[0]} if the archive is right, or " if owners else ""
+    raise ValueError(f"dataset.root={path} holds the classes {_abbreviated(arrays['classes'])}, not those of "
+                     f"dataset={name} {_abbreviated(KNOWN_CLASSES[name])}: it is another dataset's archive. Fix: "
+                     f"{fix}dataset.root=<a {name} archive> (e.g. ../shared/data/{name}.npz) if the name is right")
 
 
 def _from_folder(root: Path) -> Arrays:
@@ -185,9 +224,14 @@ def load_arrays(name: str, root: str | os.PathLike | None, download: bool = Fals
         except RuntimeError as e:  # torchvision: "Dataset not found. You can use download=True"
             raise _layout_error(name, root) from e
     cache = _cache_path(root, name)
-    if cache.is_file():
+    fresh = not cache.is_file()
+    if fresh:
+        arrays = loader()
+    else:
         cached = torch.load(cache, weights_only=True, mmap=True)
-        return {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in cached.items()}
-    arrays = loader()
-    _write_cache(cache, arrays)
+        arrays = {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in cached.items()}
+    if root.is_file():  # checked on a cache hit too: a cache may predate the check
+        check_class_names(arrays, name, root)
+    if fresh:
+        _write_cache(cache, arrays)
     return arrays
