@@ -300,3 +300,54 @@ def test_the_known_class_names_are_torchvisions():
 def test_the_real_mnist_archive_is_refused_as_fashion_mnist():
     with pytest.raises(ValueError, match=r"mnist\.npz holds the classes .* not those of dataset=fashion_mnist"):
         build_data(dict(name="fashion_mnist", root=str(shared_npz("mnist")), image_size=None))
+
+
+def _bad(case):
+    """A 10-class archive's arrays with one defect the reviewer ran without an error."""
+    g = np.random.default_rng(0)
+    x, y = g.integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 10
+    a = {"x_train": x, "y_train": y, "x_test": x[:20], "y_test": y[:20]}
+    if case == "labels from 1":  # was: 11 classes, label noise flipping into the empty class 0
+        a["y_train"], a["y_test"] = y + 1, y[:20] + 1
+    elif case == "a class missing":
+        a["y_train"] = np.where(y == 4, 5, y)
+    elif case == "test label unseen":
+        a["y_test"] = np.where(y[:20] == 9, 10, y[:20])
+    elif case == "more images than labels":  # was: the extra images dropped
+        a["x_train"] = np.concatenate([x, x[:1]])
+    elif case == "float pixels":  # was: cast to uint8 0/1
+        a["x_train"] = x / 255.0
+    elif case == "wide integers":  # was: 300 wrapped to 44
+        a["x_train"] = x.astype(np.int64) + 45
+    elif case == "channel first":  # was: read as 8 channels of 3x8 images
+        a["x_train"] = np.repeat(x[:, None], 3, axis=1)
+    elif case == "float labels":
+        a["y_train"] = y.astype(np.float32)
+    return a
+
+
+@pytest.mark.parametrize(("case", "match"), [
+    ("labels from 1", r"y_train holds the labels 1\.\.10 without 0.*0\.\.K-1.*np\.unique\(y_train, return_inverse"),
+    ("a class missing", r"y_train holds the labels 0\.\.9 without 4"),
+    ("test label unseen", r"y_test holds labels 0\.\.10, outside the 10 classes 0\.\.9 of y_train"),
+    ("more images than labels", r"x_train holds 41 images but y_train 40 labels"),
+    ("float pixels", r"x_train is float64 \(values 0\.0\.\.1\.0\), not uint8.*np\.round\(x \* 255\)\.astype"),
+    ("wide integers", r"x_train is int64 \(values 45\.\.300\), not uint8"),
+    ("channel first", r"x_train has shape \(40, 3, 8, 8\).*\(N, H, W, C\).*channel-first.*transpose\(0, 2, 3, 1\)"),
+    ("float labels", r"y_train is float32.*integer"),
+])
+def test_a_malformed_archive_fails_before_training_naming_the_array_and_the_fix(tmp_path, monkeypatch, case, match):
+    """Defect: each of these archives trained to a normal-looking finished run. They now fail at load, before a
+    cache is written."""
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+    np.savez(tmp_path / "bad.npz", **_bad(case))
+    with pytest.raises(ValueError, match=match) as e:
+        build_data(dict(name="mnist", root=str(tmp_path / "bad.npz"), image_size=None))
+    assert f"dataset.root={tmp_path / 'bad.npz'}" in str(e.value)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_a_well_formed_archive_passes_the_checks(tmp_path):
+    np.savez(tmp_path / "good.npz", **_bad("none"))
+    data = build_data(dict(name="mnist", root=str(tmp_path / "good.npz"), image_size=None))
+    assert data.num_classes == 10 and data.x_train.shape == (40, 1, 8, 8)

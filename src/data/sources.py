@@ -119,6 +119,48 @@ def check_class_names(arrays: Arrays, name: str, path: Path) -> None:
                      f"{fix}dataset.root=<a {name} archive> (e.g. ../shared/data/{name}.npz) if the name is right")
 
 
+def check_arrays(arrays: Arrays, source: str) -> None:
+    """Refuse arrays that would train without an error but not as meant: images without labels (dropped), pixels
+    that are not uint8 (floats in [0, 1] became 0/1, int64 300 wrapped to 44), channel-first images (read as 28
+    channels), labels not numbering the classes 0..K-1 from the training split (labels 1..10 made 11 classes, and
+    label noise flipped into the empty class 0). Run on every file-backed load, a cache hit included; ``source``
+    names the data in the message. Pixels must be uint8 rather than whole values in 0..255 of any type: every
+    archive, cache and loader here already gives uint8, and the rule needs no pass over the pixels. The datasets
+    built in code (digits, synthetic) are not checked: their pixels are uint8 by construction, and synthetic's
+    random labels may leave a class out of a tiny training split (the config tests draw 8 images of 10 classes)."""
+    for split in ("train", "test"):
+        x, y = np.asarray(arrays[f"x_{split}"]), np.asarray(arrays[f"y_{split}"])
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise ValueError(f"{source}: y_{split} is {y.dtype} of shape {y.shape}; labels must be a 1-D integer "
+                             f"array: convert with y_{split}.astype(np.int64) when they are whole numbers")
+        if len(x) != len(y) or not len(y):
+            raise ValueError(f"{source}: x_{split} holds {len(x)} images but y_{split} {len(y)} labels: every image "
+                             "needs one label (and a split at least one image); rebuild the data with matching arrays")
+        if not (x.ndim == 3 or x.ndim == 4 and x.shape[-1] in (1, 3)):
+            hint = (": it looks channel-first, convert with x.transpose(0, 2, 3, 1)"
+                    if x.ndim == 4 and x.shape[1] in (1, 3) else "")
+            raise ValueError(f"{source}: x_{split} has shape {x.shape}; images must be (N, H, W) or (N, H, W, C) with "
+                             f"C = 1 or 3 channels last{hint}")
+        if x.dtype != np.uint8:
+            raise ValueError(f"{source}: x_{split} is {x.dtype} (values {x.min()}..{x.max()}), not uint8 pixels "
+                             "0..255: convert with np.round(x * 255).astype(np.uint8) for floats in [0, 1], or "
+                             "x.astype(np.uint8) for whole numbers in 0..255, rescaled first when wider (16 bits: "
+                             "x >> 8); an image folder: 8-bit grey or RGB files")
+    present = np.unique(arrays["y_train"])
+    k = int(present[-1]) + 1
+    if present[0] < 0 or len(present) != k:
+        missing = sorted(set(range(k)) - set(present.tolist()))
+        gap = f" without {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''}" if missing else ""
+        raise ValueError(f"{source}: y_train holds the labels {present[0]}..{present[-1]}{gap}; labels must number "
+                         "the classes 0..K-1, each with training images (K = the largest label + 1 is the number of "
+                         "classes, and label noise flips into each): relabel with "
+                         "np.unique(y_train, return_inverse=True)[1], and y_test alike (labels from 1: y - 1)")
+    y_test = np.asarray(arrays["y_test"])
+    if y_test.min() < 0 or y_test.max() >= k:
+        raise ValueError(f"{source}: y_test holds labels {y_test.min()}..{y_test.max()}, outside the {k} classes "
+                         f"0..{k - 1} of y_train: the test split has a class training never saw; correct its labels")
+
+
 def _from_folder(root: Path) -> Arrays:
     from PIL import Image
 
@@ -220,9 +262,11 @@ def load_arrays(name: str, root: str | os.PathLike | None, download: bool = Fals
         if not root.exists() and not download:
             raise _layout_error(name, root)
         try:
-            return _from_torchvision(name, root, download)
+            arrays = _from_torchvision(name, root, download)
         except RuntimeError as e:  # torchvision: "Dataset not found. You can use download=True"
             raise _layout_error(name, root) from e
+        check_arrays(arrays, f"dataset.root={root}")
+        return arrays
     cache = _cache_path(root, name)
     fresh = not cache.is_file()
     if fresh:
@@ -230,8 +274,9 @@ def load_arrays(name: str, root: str | os.PathLike | None, download: bool = Fals
     else:
         cached = torch.load(cache, weights_only=True, mmap=True)
         arrays = {k: v.numpy() if torch.is_tensor(v) else np.array(v) for k, v in cached.items()}
-    if root.is_file():  # checked on a cache hit too: a cache may predate the check
+    if root.is_file():  # checked on a cache hit too: a cache may predate the checks
         check_class_names(arrays, name, root)
+    check_arrays(arrays, f"dataset.root={root}")
     if fresh:
         _write_cache(cache, arrays)
     return arrays
