@@ -351,3 +351,48 @@ def test_a_well_formed_archive_passes_the_checks(tmp_path):
     np.savez(tmp_path / "good.npz", **_bad("none"))
     data = build_data(dict(name="mnist", root=str(tmp_path / "good.npz"), image_size=None))
     assert data.num_classes == 10 and data.x_train.shape == (40, 1, 8, 8)
+
+
+def _sklearn_subset(labels, size, seed, stratify):
+    from sklearn.model_selection import train_test_split
+
+    chosen, rest = train_test_split(np.arange(len(labels)), train_size=size, random_state=seed,
+                                    stratify=labels if stratify else None)
+    return np.sort(chosen), np.sort(rest)
+
+
+@pytest.mark.parametrize(("labels", "size", "match"), [
+    (np.repeat(np.arange(10), 20), 5, r"5 of 200 images \(195 left\).*each of the 10 classes"),
+    (np.repeat(np.arange(10), 20), 195, r"195 of 200 images \(5 left\)"),
+    (np.r_[np.repeat(np.arange(9), 20), 9], 50, r"the rarest has 1.*not class-stratified"),
+])
+def test_a_subset_too_small_to_stratify_warns_and_keeps_its_images(labels, size, match):
+    """Defect: below one image per class on a side (or with a class of one image) the subset silently fell back to
+    a plain random draw, though dataset.n_train promises a class-stratified one. It now says so; the images drawn
+    stay those of the random draw, so no study's subset changes."""
+    with pytest.warns(UserWarning, match=match):
+        chosen, rest = stratified_subset(labels, size, seed=3)
+    want = _sklearn_subset(labels, size, 3, stratify=False)
+    assert np.array_equal(chosen, want[0]) and np.array_equal(rest, want[1])
+
+
+def test_a_stratifiable_subset_is_sklearns_stratified_draw_without_a_warning():
+    """The subsets the committed studies trained on: train_test_split's stratified draw, unchanged."""
+    import warnings
+
+    labels = np.random.default_rng(0).integers(0, 10, 3000)
+    for size, seed in ((10, 0), (64, 1), (1000, 7), (2990, 2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            chosen, rest = stratified_subset(labels, size, seed)
+        want = _sklearn_subset(labels, size, seed, stratify=True)
+        assert np.array_equal(chosen, want[0]) and np.array_equal(rest, want[1])
+
+
+def test_the_warning_names_the_key_of_the_subset():
+    with pytest.warns(UserWarning, match=r"dataset\.n_train=5: drawing 5 of 1437 images"):
+        build_data(dict(name="digits", image_size=8, n_train=5))
+    with pytest.warns(UserWarning, match=r"dataset\.val_size=4: drawing 1433 of 1437 images \(4 left\)"):
+        build_data(dict(name="digits", image_size=8, val_size=4))
+    with pytest.warns(UserWarning, match=r"dataset\.test_size=3: drawing 3 of 360"):
+        build_data(dict(name="digits", image_size=8, test_size=3))
