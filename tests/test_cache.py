@@ -106,3 +106,52 @@ def test_two_processes_building_one_cache_at_once_both_succeed(tmp_path):
     assert all("(20000, 32, 32, 3)" in out for out in outs), outs
     (cache,) = (tmp_path / "cache").iterdir()  # one cache, no temporary file left behind
     assert load_arrays("cifar10", path)["x_train"].shape == (20000, 32, 32, 3) and cache.suffix == ".pt"
+
+
+def test_a_cache_written_before_the_class_check_is_checked_too(tmp_path, monkeypatch):
+    """A run before the class-name check could cache MNIST under the name fashion_mnist; reading that cache back must
+    be refused as the archive itself is, not trusted because it exists."""
+    from src.data import sources
+
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+    path, x = _npz(tmp_path / "data")
+    arrays = {"x_train": x, "y_train": np.arange(60) % 3, "x_test": x[:12], "y_test": np.arange(12) % 3,
+              "classes": np.array(["0", "1", "2"])}
+    np.savez(path, **arrays)
+    sources._write_cache(sources._cache_path(path, "fashion_mnist"), arrays)  # as the unchecked loader left it
+    with pytest.raises(ValueError, match=r"not those of dataset=fashion_mnist"):
+        load_arrays("fashion_mnist", path)
+
+
+def _png_folder(root, n=12):
+    from PIL import Image
+
+    g = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for i in range(n):
+            d = root / split / f"class{i % 3}"
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(g.integers(0, 256, (8, 8), dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+def test_a_folders_cache_follows_files_moved_or_added_inside_its_class_folders(tmp_path, monkeypatch):
+    """Defect: the cache key of a train/<class>/ folder was the root folder's own size and mtime, which moving or
+    adding an image inside a class folder leaves alone: the stale arrays kept being served."""
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+    root = _png_folder(tmp_path / "data")
+    first = load_arrays("mnist", root)
+    assert np.bincount(first["y_train"]).tolist() == [4, 4, 4]
+    (cache,) = (tmp_path / "cache").iterdir()
+    stamp = cache.stat().st_mtime_ns
+    assert np.array_equal(load_arrays("mnist", root)["x_train"], first["x_train"])  # unchanged: read from the cache
+    assert list((tmp_path / "cache").iterdir()) == [cache] and cache.stat().st_mtime_ns == stamp
+
+    os.rename(root / "train" / "class0" / "0.png", root / "train" / "class1" / "0.png")  # relabelled
+    moved = load_arrays("mnist", root)
+    assert np.bincount(moved["y_train"]).tolist() == [3, 5, 4]
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / "train" / "class2" / "new.png")
+    added = load_arrays("mnist", root)
+    assert np.bincount(added["y_train"]).tolist() == [3, 5, 5] and not added["x_train"][-1].any()

@@ -252,3 +252,147 @@ def test_the_size_checks_name_the_key_at_fault_and_take_the_whole_test_split():
     assert "val_size" not in str(e.value)
     n_test = len(build_data({"name": "digits"}).y_test)
     assert len(build_data({"name": "digits", "test_size": n_test}).y_test) == n_test
+
+
+DIGIT_NAMES = [str(i) for i in range(10)]  # the classes array of ../shared/data/mnist.npz
+
+
+def _labelled_npz(path, classes, n=40, channels=1):
+    x, _ = _arrays(n=n, channels=channels)
+    np.savez(path, x_train=x, y_train=np.arange(n) % 10, x_test=x[:20], y_test=np.arange(20) % 10, classes=classes)
+    return path
+
+
+def test_an_archive_of_another_dataset_is_refused_naming_both_class_lists_and_the_fix(tmp_path):
+    """Defect: ``dataset=fashion_mnist dataset.root=.../mnist.npz`` trained MNIST under the name fashion_mnist and
+    finished as a normal run. The archive's ``classes`` array says which dataset it holds."""
+    path = _labelled_npz(tmp_path / "digits.npz", DIGIT_NAMES)
+    with pytest.raises(ValueError) as e:
+        build_data(dict(name="fashion_mnist", root=str(path), image_size=None))
+    msg = str(e.value)
+    assert f"dataset.root={path}" in msg and "dataset=fashion_mnist" in msg
+    assert "'0', '1', '2'" in msg and "'T-shirt/top', 'Trouser'" in msg and "10 in all" in msg  # both lists, cut short
+    assert "dataset=mnist" in msg and "dataset.root=" in msg.split("Fix:")[1]  # the two ways out
+    cifar = _labelled_npz(tmp_path / "cifar.npz", ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+                                                  "horse", "ship", "truck"], channels=3)
+    with pytest.raises(ValueError, match=r"not those of dataset=mnist.*Fix: dataset=cifar10"):
+        build_data(dict(name="mnist", root=str(cifar), image_size=None))
+
+
+@pytest.mark.parametrize("names", [DIGIT_NAMES, [f"{i} - {w}" for i, w in enumerate(
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])]])
+def test_an_archive_naming_its_datasets_classes_loads(tmp_path, names):
+    """The project's archives name MNIST's classes '0'..'9', torchvision '0 - zero'..: both are MNIST's."""
+    path = _labelled_npz(tmp_path / "digits.npz", names)
+    data = build_data(dict(name="mnist", root=str(path), image_size=None))
+    assert data.classes == names and data.num_classes == 10
+
+
+def test_the_known_class_names_are_torchvisions():
+    import torchvision.datasets as tvd
+
+    from src.data.sources import KNOWN_CLASSES
+
+    assert list(KNOWN_CLASSES["mnist"]) == tvd.MNIST.classes
+    assert list(KNOWN_CLASSES["fashion_mnist"]) == tvd.FashionMNIST.classes
+
+
+def test_the_real_mnist_archive_is_refused_as_fashion_mnist():
+    with pytest.raises(ValueError, match=r"mnist\.npz holds the classes .* not those of dataset=fashion_mnist"):
+        build_data(dict(name="fashion_mnist", root=str(shared_npz("mnist")), image_size=None))
+
+
+def _bad(case):
+    """A 10-class archive's arrays with one defect the reviewer ran without an error."""
+    g = np.random.default_rng(0)
+    x, y = g.integers(0, 256, (40, 8, 8), dtype=np.uint8), np.arange(40) % 10
+    a = {"x_train": x, "y_train": y, "x_test": x[:20], "y_test": y[:20]}
+    if case == "labels from 1":  # was: 11 classes, label noise flipping into the empty class 0
+        a["y_train"], a["y_test"] = y + 1, y[:20] + 1
+    elif case == "a class missing":
+        a["y_train"] = np.where(y == 4, 5, y)
+    elif case == "test label unseen":
+        a["y_test"] = np.where(y[:20] == 9, 10, y[:20])
+    elif case == "more images than labels":  # was: the extra images dropped
+        a["x_train"] = np.concatenate([x, x[:1]])
+    elif case == "float pixels":  # was: cast to uint8 0/1
+        a["x_train"] = x / 255.0
+    elif case == "wide integers":  # was: 300 wrapped to 44
+        a["x_train"] = x.astype(np.int64) + 45
+    elif case == "channel first":  # was: read as 8 channels of 3x8 images
+        a["x_train"] = np.repeat(x[:, None], 3, axis=1)
+    elif case == "float labels":
+        a["y_train"] = y.astype(np.float32)
+    return a
+
+
+@pytest.mark.parametrize(("case", "match"), [
+    ("labels from 1", r"y_train holds the labels 1\.\.10 without 0.*0\.\.K-1.*np\.unique\(y_train, return_inverse"),
+    ("a class missing", r"y_train holds the labels 0\.\.9 without 4"),
+    ("test label unseen", r"y_test holds labels 0\.\.10, outside the 10 classes 0\.\.9 of y_train"),
+    ("more images than labels", r"x_train holds 41 images but y_train 40 labels"),
+    ("float pixels", r"x_train is float64 \(values 0\.0\.\.1\.0\), not uint8.*np\.round\(x \* 255\)\.astype"),
+    ("wide integers", r"x_train is int64 \(values 45\.\.300\), not uint8"),
+    ("channel first", r"x_train has shape \(40, 3, 8, 8\).*\(N, H, W, C\).*channel-first.*transpose\(0, 2, 3, 1\)"),
+    ("float labels", r"y_train is float32.*integer"),
+])
+def test_a_malformed_archive_fails_before_training_naming_the_array_and_the_fix(tmp_path, monkeypatch, case, match):
+    """Defect: each of these archives trained to a normal-looking finished run. They now fail at load, before a
+    cache is written."""
+    monkeypatch.setenv("VITSWEEP_CACHE", str(tmp_path / "cache"))
+    np.savez(tmp_path / "bad.npz", **_bad(case))
+    with pytest.raises(ValueError, match=match) as e:
+        build_data(dict(name="mnist", root=str(tmp_path / "bad.npz"), image_size=None))
+    assert f"dataset.root={tmp_path / 'bad.npz'}" in str(e.value)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_a_well_formed_archive_passes_the_checks(tmp_path):
+    np.savez(tmp_path / "good.npz", **_bad("none"))
+    data = build_data(dict(name="mnist", root=str(tmp_path / "good.npz"), image_size=None))
+    assert data.num_classes == 10 and data.x_train.shape == (40, 1, 8, 8)
+
+
+def _sklearn_subset(labels, size, seed, stratify):
+    from sklearn.model_selection import train_test_split
+
+    chosen, rest = train_test_split(np.arange(len(labels)), train_size=size, random_state=seed,
+                                    stratify=labels if stratify else None)
+    return np.sort(chosen), np.sort(rest)
+
+
+@pytest.mark.parametrize(("labels", "size", "match"), [
+    (np.repeat(np.arange(10), 20), 5, r"5 of 200 images \(195 left\).*each of the 10 classes"),
+    (np.repeat(np.arange(10), 20), 195, r"195 of 200 images \(5 left\)"),
+    (np.r_[np.repeat(np.arange(9), 20), 9], 50, r"the rarest has 1.*not class-stratified"),
+])
+def test_a_subset_too_small_to_stratify_warns_and_keeps_its_images(labels, size, match):
+    """Defect: below one image per class on a side (or with a class of one image) the subset silently fell back to
+    a plain random draw, though dataset.n_train promises a class-stratified one. It now says so; the images drawn
+    stay those of the random draw, so no study's subset changes."""
+    with pytest.warns(UserWarning, match=match):
+        chosen, rest = stratified_subset(labels, size, seed=3)
+    want = _sklearn_subset(labels, size, 3, stratify=False)
+    assert np.array_equal(chosen, want[0]) and np.array_equal(rest, want[1])
+
+
+def test_a_stratifiable_subset_is_sklearns_stratified_draw_without_a_warning():
+    """The subsets the committed studies trained on: train_test_split's stratified draw, unchanged."""
+    import warnings
+
+    labels = np.random.default_rng(0).integers(0, 10, 3000)
+    for size, seed in ((10, 0), (64, 1), (1000, 7), (2990, 2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            chosen, rest = stratified_subset(labels, size, seed)
+        want = _sklearn_subset(labels, size, seed, stratify=True)
+        assert np.array_equal(chosen, want[0]) and np.array_equal(rest, want[1])
+
+
+def test_the_warning_names_the_key_of_the_subset():
+    with pytest.warns(UserWarning, match=r"dataset\.n_train=5: drawing 5 of 1437 images"):
+        build_data(dict(name="digits", image_size=8, n_train=5))
+    with pytest.warns(UserWarning, match=r"dataset\.val_size=4: drawing 1433 of 1437 images \(4 left\)"):
+        build_data(dict(name="digits", image_size=8, val_size=4))
+    with pytest.warns(UserWarning, match=r"dataset\.test_size=3: drawing 3 of 360"):
+        build_data(dict(name="digits", image_size=8, test_size=3))

@@ -1,6 +1,7 @@
 """Dataset building: raw arrays -> uint8 NCHW tensors, resize, seeded stratified subsets and splits."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,16 +42,27 @@ def channel_stats(x: torch.Tensor, max_images: int = 10_000) -> tuple[torch.Tens
     return sample.mean(dim=(0, 2, 3)), sample.std(dim=(0, 2, 3)).clamp_min(1e-3)
 
 
-def stratified_subset(labels: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split indices of ``labels`` into (chosen ``size`` indices, rest), class-stratified and seeded."""
+def stratified_subset(labels: np.ndarray, size: int, seed: int, what: str = "a subset"
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Split indices of ``labels`` into (chosen ``size`` indices, rest), class-stratified and seeded.
+
+    A stratified draw needs an image of every class on both sides and two images in every class; short of that the
+    draw is a plain random one, as it always was (the images a seed draws must not change under existing studies),
+    but with a warning naming ``what`` (the config key), since the configs promise a class-stratified subset."""
     from sklearn.model_selection import train_test_split  # imported here: it costs ~1.5 s and ~0.1 GiB
 
     idx = np.arange(len(labels))
     if size >= len(labels):
         return idx, idx[:0]
     counts = np.bincount(labels)
-    present = (counts > 0).sum()
-    can_stratify = size >= present and len(labels) - size >= present and counts[counts > 0].min() >= 2
+    present, rarest = (counts > 0).sum(), counts[counts > 0].min()
+    can_stratify = size >= present and len(labels) - size >= present and rarest >= 2
+    if not can_stratify:
+        warnings.warn(f"{what}: drawing {size} of {len(labels)} images ({len(labels) - size} left) by class needs an "
+                      f"image of each of the {present} classes on both sides and two images in every class (the "
+                      f"rarest has {rarest}), so the subset is a plain random one, not class-stratified. Fix: at least "
+                      f"{present} images on each side, or dataset.classes without a class of one image",
+                      UserWarning, stacklevel=2)
     chosen, rest = train_test_split(idx, train_size=size, random_state=seed, stratify=labels if can_stratify else None)
     return np.sort(chosen), np.sort(rest)
 
@@ -141,7 +153,8 @@ def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
             raise ValueError(f"dataset.test_size={test_size} must lie between 1 and the {len(y_test)} test images "
                              f"of dataset={cfg['name']} (null = all of them)")
         if test_size < len(y_test):
-            keep = torch.from_numpy(np.sort(stratified_subset(y_test.numpy(), test_size, 0)[0]))
+            chosen = stratified_subset(y_test.numpy(), test_size, 0, f"dataset.test_size={test_size}")[0]
+            keep = torch.from_numpy(np.sort(chosen))
             x_test, y_test = x_test[keep], y_test[keep]
         info["n_test"] = test_size  # recorded in summary.json
 
@@ -158,9 +171,9 @@ def build_data(cfg: Mapping[str, Any], seed: int = 0) -> DataSplits:
     labels = y_train.numpy()
     rest, val_idx = np.arange(n_total), None
     if val_size:
-        rest, val_idx = stratified_subset(labels, n_total - val_size, seed)
+        rest, val_idx = stratified_subset(labels, n_total - val_size, seed, f"dataset.val_size={val_size}")
     if n_train is not None:
-        rest = rest[stratified_subset(labels[rest], n_train, seed)[0]]
+        rest = rest[stratified_subset(labels[rest], n_train, seed, f"dataset.n_train={n_train}")[0]]
 
     size = cfg.get("image_size")
     if size is not None:
