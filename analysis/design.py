@@ -34,8 +34,12 @@ the main run, and turns it into a verdict that states its power (``verdict``): *
 significant; *not reproduced* only where it is not and the smallest effect detectable with the main run's seeds,
 from the pilot's spread, is below the published effect; otherwise *inconclusive*, with what would settle it.
 A flagged (collapsed or stalled) run at one of the three widths makes the verdict inconclusive: a failed
-training is not a test-error value. So does an **unfinished grid** (``unfinished``): the critical width comes from
-every declared seed's train errors and the power from the declared seeds, so while any run of a curve's grid (the
+training is not a test-error value. A run that ended inside a loss spike (``ended_in_spike``: a learned model read
+at a transient) is read as declared, at its final errors, but the verdict says "fragile" where such runs decide it:
+where reading each run's train error as its recent median moves the tested width (``spike_centre``), or where
+leaving out their seeds turns a peak into none or no peak into one. An **unfinished grid** makes the verdict
+inconclusive too (``unfinished``): the critical width comes from every declared seed's train errors and the power
+from the declared seeds, so while any run of a curve's grid (the
 widths x seeds its sweep declared, read from the study's storage, else those its runs hold) has not finished, the
 verdict is "inconclusive (grid unfinished: 46 of 48 runs finished, 2 stopped)"; the contrast on the seeds that
 happened to finish first is printed but is not the declared test. Records that are not one grid are refused
@@ -827,7 +831,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
         # (significant, or as high as the effect); fewer seeds alone (power) make nothing fragile
         spiked_seeds = set(tested.loc[tested["ended_in_spike"], SEED]) if spiked else set()
         without = ""
-        if spiked_seeds:
+        if spiked_seeds and not missing:
             _, kp, _, kept_height, kd, kno = _contrast_test(d[~d.index.isin(spiked_seeds)], lo, hi, never, tol,
                                                             pilot_sd, alpha)
             kept = verdict(kp, kept_height, kd, effect, flagged, alpha, missing, unread, kno, deciding)
