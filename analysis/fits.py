@@ -360,6 +360,36 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
     return keep.drop(columns=["_flag", "_unfit"]), table.drop(columns="passes")
 
 
+def _value(v) -> str:
+    """A size as a reader writes it: 800, not 800.0."""
+    return f"{v:g}" if isinstance(v, int | float | np.number) else str(v)
+
+
+def _measured(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The runs with both ``x`` and ``y``; warns with the count of those without either, and for ``y`` the sizes they
+    are at: a size where every run lacks ``y`` leaves the curve, which nothing else would show (review 2026-12, F2)."""
+    sizeless = int(df[x].isna().sum())
+    if sizeless:
+        warnings.warn(f"{sizeless} completed runs have no {x} and are left out of the fit (a null config value, "
+                      "such as `dataset.n_train: null` for the whole set? fit x='n_train', the images each run's "
+                      "summary records)", stacklevel=3)
+    df = df.dropna(subset=[x])
+    unmeasured = df[y].isna()
+    if unmeasured.any():
+        lacking = df.loc[unmeasured, x].value_counts()
+        runs = df[x].value_counts()
+        at = ", ".join(f"{_value(n)} ({lacking[n]} of {runs[n]}{' runs' if i == 0 else ''})"
+                       for i, n in enumerate(sorted(lacking.index)))
+        gone = [_value(n) for n in sorted(lacking.index) if lacking[n] == runs[n]]
+        lost = (f"; {x} = {', '.join(gone)} {'loses' if len(gone) == 1 else 'lose'} every run and "
+                f"{'drops' if len(gone) == 1 else 'drop'} out of the fit") if gone else ""
+        warnings.warn(f"{int(unmeasured.sum())} completed runs have no {y} and are left out of the fit, at {x}: "
+                      f"{at}{lost} (a summary without the metric: a run written before it was recorded, or a "
+                      f"crash after training? re-evaluate those runs, or fit a metric every run records)",
+                      stacklevel=3)
+    return df[~unmeasured]
+
+
 def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "test_error",
                        by: list[str] | str | None = None, seed_col: str | None = "seed", n_boot: int = 1000,
                        offset: bool = False, status: str | None = "completed", seed: int = 0,
@@ -381,12 +411,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, y, *by, seed_col)
     df = completed_only(df, "fit_learning_curve", status)
-    sizeless = int(df[x].isna().sum())
-    if sizeless:
-        warnings.warn(f"{sizeless} completed runs have no {x} and are left out of the fit (a null config value, "
-                      "such as `dataset.n_train: null` for the whole set? fit x='n_train', the images each run's "
-                      "summary records)", stacklevel=2)
-    df = df.dropna(subset=[x, y])
+    df = _measured(df, x, y)
     rng = np.random.default_rng(seed)
     rows = []
     groups = df.groupby(by, dropna=False) if by else [((), df)]
@@ -427,7 +452,7 @@ def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "
     ``a``'s learning curve is steeper. Returns ``diff``, ``lo``, ``hi``, ``p`` (two-sided), the mean slopes
     ``alpha_a``, ``alpha_b``, the seeds used ``n_a``, ``n_b`` and ``sizes``."""
     require_columns(df, by, x, y, seed_col)
-    df = completed_only(df, "slope_difference", status).dropna(subset=[x, y])
+    df = _measured(completed_only(df, "slope_difference", status), x, y)
     tables = {}
     for name in (a, b):
         g = df[df[by] == name]
