@@ -14,10 +14,10 @@ what 3 or 4 repeats can honestly say. Simulated studies with 3 or 4 seeds, 5-7 s
 multiplicative noise cover a planted alpha in 94-96% of 1,000 studies each, with or without per-seed
 offsets (tests/test_analysis_coverage.py). The percentile bootstrap of the seed means used before
 covered 83-89% without offsets (its intervals about half as wide as these) and 97-100% with them.
-Runs are paired into seeds by ``seed_col`` (or by their order within a size when it is None). When a
-seed lacks a run at some size, the point estimate is the slope within seeds (least squares with an
-intercept per seed, which cancels a per-seed offset as the complete case does; the slope of the size
-means would move with the missing seed's offset), and the interval takes its width from the seeds with
+Runs are paired into seeds by ``seed_col`` (or by their order within a size when it is None; a run with no seed
+is refused, not dropped). When a seed lacks a run at some size, the point estimate is the slope within seeds
+(least squares with an intercept per seed, which cancels a per-seed offset as the complete case does; the slope
+of the size means would move with the missing seed's offset), and the interval takes its width from the seeds with
 every size, with a warning, centred on that estimate: 95-96% coverage with per-seed offsets up to 0.2
 in log (the slope of the means there covered 81%; tests/test_analysis_coverage.py). With fewer than 2 complete
 seeds it is the t-interval over each seed's slope on its own sizes (the seeds with >= 3), centred on the estimate;
@@ -115,8 +115,25 @@ def _seed_matrix(g: pd.DataFrame, x: str, y: str, seed_col: str | None) -> pd.Da
                         ).pivot_table(index="seed", columns=x, values="logy", aggfunc="mean").sort_index(axis=1)
 
 
+def _require_seeds(g: pd.DataFrame, x: str, seed_col: str, label: str) -> None:
+    """Refuse runs with no seed: the (seed, size) table would drop them without a word (a pivot drops a NaN index),
+    and with them a seed's point at a size, or every point of the group (review 2026-12, F3)."""
+    unseeded = g[g[seed_col].isna()]
+    if unseeded.empty:
+        return
+    names = unseeded["run_dir"].astype(str) if "run_dir" in unseeded else pd.Series(unseeded.index.astype(str))
+    shown = ", ".join(names.iloc[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    sizes = ", ".join(_value(v) for v in sorted(unseeded[x].unique()))
+    raise ValueError(f"{label}: {len(unseeded)} runs have no {seed_col} ({shown}; at {x} = {sizes}); the fit pairs a "
+                     f"seed's runs across sizes and cannot place them: set their {seed_col} (the seed they trained "
+                     f"with), leave them out, or pass seed_col=None to pair runs by their order within each size")
+
+
 def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str) -> pd.DataFrame:
-    """One group's (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds averaged."""
+    """One group's (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds averaged;
+    runs without a seed refused."""
+    if seed_col is not None:
+        _require_seeds(g, x, seed_col, label)
     nonpos = g[g[y] <= 0]
     if len(nonpos):
         warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=3)
@@ -406,7 +423,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not
     ``status`` are excluded (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
     ``errors="skip"`` is left out with a warning. Each run at a size counts as one seed; runs repeating a
-    (size, ``seed_col``) pair are averaged first.
+    (size, ``seed_col``) pair are averaged first, and a run with no ``seed_col`` raises ValueError.
     """
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, y, *by, seed_col)

@@ -188,3 +188,17 @@ def test_the_interval_still_covers_with_a_seed_missing_a_size_and_seed_offsets()
             fit = fit_learning_curve(df, n_boot=0).iloc[0]
         covered.append(fit["alpha_lo"] <= -0.5 <= fit["alpha_hi"])
     assert np.mean(covered) >= 0.92  # as shipped before the fix: 0.81 (the review's 4,000 studies)
+
+
+def test_runs_without_a_seed_are_refused_not_dropped():
+    """Review 2026-12 (F3): the (seed, size) table dropped runs with no seed without a word, so a seed's runs left the
+    fit (and with every seed missing, the group had "0 sizes"). The fit names them and the fix instead."""
+    n, err = simulate(1, 4, 5, 0.05, rng=8)
+    df = runs_frame(n, err[0]).assign(run_dir=[f"multirun/{i}" for i in range(20)])
+    df.loc[[3, 4, 18], "seed"] = np.nan
+    with pytest.raises(ValueError, match=r"3 runs have no seed \(multirun/3, multirun/4, multirun/18; at "
+                                         r"dataset.n_train = 1024, 2048\).*seed_col=None"):
+        fit_learning_curve(df, n_boot=0)
+    with pytest.raises(ValueError, match="3 runs have no seed"):
+        slope_difference(pd.concat([df.assign(arch="a"), df.assign(arch="b")]), "arch", "a", "b")
+    assert fit_learning_curve(df, n_boot=0, seed_col=None).iloc[0]["n_points"] == 5  # paired by order instead
