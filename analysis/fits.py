@@ -39,7 +39,7 @@ import pandas as pd
 from scipy import stats
 from scipy.optimize import curve_fit
 
-from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.load import _norm, completed_only, one_run_per_seed, recipe_columns, require_columns
 
 
 def curve_points(df: pd.DataFrame, x: str, y: str, by: list[str], seed_col: str | None = "seed",
@@ -129,11 +129,45 @@ def _require_seeds(g: pd.DataFrame, x: str, seed_col: str, label: str) -> None:
                      f"with), leave them out, or pass seed_col=None to pair runs by their order within each size")
 
 
-def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str) -> pd.DataFrame:
-    """One group's (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds averaged;
-    runs without a seed refused."""
+def _require_one_recipe(g: pd.DataFrame, x: str, seed_col: str | None, keys: list[str], label: str) -> None:
+    """Refuse a group whose runs at one size differ in a recipe key (:func:`analysis.load.recipe_columns`; ``x``, the
+    seed and the grouping ``keys`` aside): seeds 0-1 at one learning rate and seeds 2-3 at another would read as one
+    curve, and :func:`one_run_per_seed` compares recipes only among repeats of a (seed, size) cell (review 2026-12,
+    F4). A key with one value per size is how the grid was set at that size, not refused: an alias of the size
+    (``dataset.n_train`` beside the summary's ``n_train``, one size per value) passes unsaid, and one that changes
+    between blocks of sizes (a step cap raised for the larger n, as ``analysis.report`` allows; or small and large
+    sizes read from two sweeps) is named in a warning. Runs read by :func:`analysis.load.load_runs` name their config
+    columns; a frame without them is not checked."""
+    mixed, stepped = {}, {}
+    for k in recipe_columns(g, (x, seed_col, *keys)):
+        v = g[k].map(_norm)
+        if v.nunique(dropna=False) <= 1:
+            continue
+        per_size = bool((v.groupby(g[x]).nunique(dropna=False) <= 1).all())
+        if per_size and bool((g[x].groupby(v, dropna=False).nunique() <= 1).all()):
+            continue
+        name, where = (x, g[x]) if per_size or seed_col is None else ("seeds", g[seed_col])
+        at = "; ".join(f"{_value(val)} at {name} {', '.join(_value(w) for w in sorted(where[v == val].unique()))}"
+                       for val in sorted(v.unique(), key=str))
+        (stepped if per_size else mixed)[k] = at
+    if mixed:
+        named = "; ".join(f"{k} ({at})" for k, at in mixed.items())
+        raise ValueError(f"{label}: the runs differ in {named}: two recipes, which one alpha would pool into one "
+                         f"curve; fit them apart (by={[*keys, *mixed]!r}) or read one study's folders")
+    if stepped:
+        named = "; ".join(f"{k} ({at})" for k, at in stepped.items())
+        warnings.warn(f"{label}: {named} changes with {x}; fitted as one curve, each size at its own setting (a "
+                      f"budget raised for the larger sizes?); if the sizes come from two recipes, fit them apart "
+                      f"(by={[*keys, *stepped]!r})", stacklevel=4)
+
+
+def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str,
+                 keys: list[str] = ()) -> pd.DataFrame:
+    """One group (of ``keys``)'s (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds
+    averaged; runs without a seed, and runs of two recipes, refused."""
     if seed_col is not None:
         _require_seeds(g, x, seed_col, label)
+    _require_one_recipe(g, x, seed_col, list(keys), label)
     nonpos = g[g[y] <= 0]
     if len(nonpos):
         warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=3)
@@ -373,8 +407,9 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
             if not table.at[i, "passes"]:
                 break
             table.at[i, "in_range"] = True
-    keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner")
-    return keep.drop(columns=["_flag", "_unfit"]), table.drop(columns="passes")
+    keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner").drop(columns=["_flag", "_unfit"])
+    keep.attrs.update(df.attrs)  # a merge drops them: the fit of these runs reads the config columns to check recipes
+    return keep, table.drop(columns="passes")
 
 
 def _value(v) -> str:
@@ -423,7 +458,9 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not
     ``status`` are excluded (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
     ``errors="skip"`` is left out with a warning. Each run at a size counts as one seed; runs repeating a
-    (size, ``seed_col``) pair are averaged first, and a run with no ``seed_col`` raises ValueError.
+    (size, ``seed_col``) pair are averaged first, and a run with no ``seed_col`` raises ValueError, as do runs of one
+    group and size that differ in a recipe key (a config key other than ``x``, the seed, ``by`` and runtime keys:
+    group by it); a key that changes only between sizes is named in a warning.
     """
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, y, *by, seed_col)
@@ -435,7 +472,7 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(by, key, strict=True)) or "all runs"
-        table = _group_table(g, x, y, seed_col, label)
+        table = _group_table(g, x, y, seed_col, label, by)
         if table.shape[1] < 3:
             msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
                    f"got {table.shape[1]} ({table.columns.tolist()})")
@@ -475,7 +512,7 @@ def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "
         g = df[df[by] == name]
         if g.empty:
             raise ValueError(f"slope_difference: no completed run has {by} = {name!r}")
-        tables[name] = _group_table(g, x, y, seed_col, f"{by}={name}")
+        tables[name] = _group_table(g, x, y, seed_col, f"{by}={name}", [by])
     sizes = sorted(set(tables[a].columns) & set(tables[b].columns))
     if len(sizes) < 3:
         raise ValueError(f"slope_difference: {by} = {a!r} and {b!r} share {len(sizes)} sizes of {x} ({sizes}); "

@@ -1,6 +1,8 @@
 """The learning-curve interval covers a planted exponent: simulated studies, as many seeds as sweeps use."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -202,3 +204,55 @@ def test_runs_without_a_seed_are_refused_not_dropped():
     with pytest.raises(ValueError, match="3 runs have no seed"):
         slope_difference(pd.concat([df.assign(arch="a"), df.assign(arch="b")]), "arch", "a", "b")
     assert fit_learning_curve(df, n_boot=0, seed_col=None).iloc[0]["n_points"] == 5  # paired by order instead
+
+
+def _recipe_runs(lr: list[float], **keys) -> pd.DataFrame:
+    """Runs as load_runs gives them (config columns named in attrs): 4 seeds, 5 sizes, ``lr`` per seed."""
+    n, err = simulate(1, 4, 5, 0.05, rng=9)
+    df = runs_frame(n, err[0]).assign(**{"optimizer.lr": np.repeat(lr, 5)}, **keys)
+    df.attrs["config_columns"] = ["dataset.n_train", "seed", "optimizer.lr", *keys]
+    return df
+
+
+def test_a_fit_refuses_seeds_that_ran_two_recipes_and_names_the_key():
+    """Review 2026-12 (F4): seeds 0-1 at lr 1e-3 and seeds 2-3 at lr 3e-4 fitted one alpha without a word, since
+    one_run_per_seed compares recipes only among repeats of a (seed, size) cell and these cells never overlap."""
+    df = _recipe_runs([1e-3, 1e-3, 3e-4, 3e-4])
+    with pytest.raises(ValueError, match=r"all runs: the runs differ in optimizer\.lr \(0\.0003 at seeds 2, 3; 0\.001 "
+                                         r"at seeds 0, 1\).*by=\['optimizer\.lr'\]"):
+        fit_learning_curve(df, n_boot=0)
+    with pytest.raises(ValueError, match=r"arch=a: the runs differ in optimizer\.lr"):
+        slope_difference(pd.concat([df.assign(arch="a"), df.assign(arch="b")]), "arch", "a", "b")
+    fits = fit_learning_curve(df, by="optimizer.lr", n_boot=0)  # the fix the message names: one fit per recipe
+    assert len(fits) == 2 and (fits["n_seeds_ci"] == 2).all()
+
+
+def test_keys_that_say_where_or_how_a_run_ran_or_that_follow_the_size_are_not_two_recipes():
+    """The data folder, the device and compilation are not the recipe (as in one_run_per_seed); nor is a key with one
+    value per size: an alias of it (dataset.n_train beside the summary's n_train, the x report.py fits) or a step cap
+    scaled with n passes unsaid, and one that changes between blocks of sizes (a cap raised for the larger n, which
+    report.py fits as one curve; or two sweeps' sizes) is fitted with a warning naming it."""
+    df = _recipe_runs([1e-3] * 4, **{"dataset.root": np.repeat(["/data", "../shared/data"], 10),
+                                     "trainer.device": np.repeat(["cpu", "cuda"], 10),
+                                     "trainer.compile": np.repeat([False, True], 10)})
+    df["n_train"] = df["dataset.n_train"]
+    df["trainer.max_steps"] = df["dataset.n_train"] // 4
+    df.attrs["config_columns"].append("trainer.max_steps")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fit_learning_curve(df, x="n_train", n_boot=0).iloc[0]["n_points"] == 5
+    df["optimizer.lr"] = np.where(df["dataset.n_train"] < 1024, 1e-3, 3e-4)  # small sizes one sweep, large another
+    with pytest.warns(UserWarning, match=r"optimizer\.lr \(0\.0003 at n_train 1024, 2048; 0\.001 at n_train 128, "
+                                         r"256, 512\) changes with n_train.*by=\['optimizer\.lr'\]"):
+        assert fit_learning_curve(df, x="n_train", n_boot=0).iloc[0]["n_points"] == 5
+
+
+def test_the_declared_fit_range_keeps_the_config_columns_so_its_fit_still_checks_recipes():
+    """heads_depth fits the runs overfitting_regime keeps; a merge there dropped attrs, and with them the check."""
+    from analysis.fits import overfitting_regime
+
+    df = _recipe_runs([1e-3, 1e-3, 3e-4, 3e-4]).assign(train_error=0.0)
+    kept, _ = overfitting_regime(df)
+    assert kept.attrs["config_columns"] == df.attrs["config_columns"]
+    with pytest.raises(ValueError, match=r"differ in optimizer\.lr"):
+        fit_learning_curve(kept, n_boot=0)
