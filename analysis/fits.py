@@ -14,14 +14,17 @@ what 3 or 4 repeats can honestly say. Simulated studies with 3 or 4 seeds, 5-7 s
 multiplicative noise cover a planted alpha in 94-96% of 1,000 studies each, with or without per-seed
 offsets (tests/test_analysis_coverage.py). The percentile bootstrap of the seed means used before
 covered 83-89% without offsets (its intervals about half as wide as these) and 97-100% with them.
-Runs are paired into seeds by ``seed_col`` (or by their order within a size when it is None). When a
-seed lacks a run at some size, the point estimate is the slope within seeds (least squares with an
-intercept per seed, which cancels a per-seed offset as the complete case does; the slope of the size
-means would move with the missing seed's offset), and the interval takes its width from the seeds with
+Runs are paired into seeds by ``seed_col`` (or by their order within a size when it is None; a run with no seed
+is refused, not dropped). When a seed lacks a run at some size, the point estimate is the slope within seeds
+(least squares with an intercept per seed, which cancels a per-seed offset as the complete case does; the slope
+of the size means would move with the missing seed's offset), and the interval takes its width from the seeds with
 every size, with a warning, centred on that estimate: 95-96% coverage with per-seed offsets up to 0.2
 in log (the slope of the means there covered 81%; tests/test_analysis_coverage.py). With fewer than 2 complete
-seeds the interval falls back to the t-interval of the fit on the size means (``n_points - 2`` degrees
-of freedom, assuming the same noise at every size); ``ci_method`` names which one a row used.
+seeds it is the t-interval over each seed's slope on its own sizes (the seeds with >= 3), centred on the estimate;
+with fewer than 2 such seeds there is none (NaN). The scatter of the size means around the line (``n_points - 2``
+degrees of freedom) sees neither seeds whose slopes differ nor noise correlated across n (a seed's subsets are
+nested across n): with a per-seed slope sd of 0.03 its "95%" interval covered 65-71% (review 2026-12), so only a
+single seed's fit uses it, and says so. ``ci_method`` names which one a row used.
 
 The offset model ``a * n^alpha + c`` (4+ sizes) keeps a percentile bootstrap over seeds for its
 intervals (``offset_*_lo/hi``): it is not coverage-tested and, like any percentile bootstrap of 3-4
@@ -36,7 +39,7 @@ import pandas as pd
 from scipy import stats
 from scipy.optimize import curve_fit
 
-from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.load import _norm, completed_only, one_run_per_seed, recipe_columns, require_columns
 
 
 def curve_points(df: pd.DataFrame, x: str, y: str, by: list[str], seed_col: str | None = "seed",
@@ -112,8 +115,59 @@ def _seed_matrix(g: pd.DataFrame, x: str, y: str, seed_col: str | None) -> pd.Da
                         ).pivot_table(index="seed", columns=x, values="logy", aggfunc="mean").sort_index(axis=1)
 
 
-def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str) -> pd.DataFrame:
-    """One group's (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds averaged."""
+def _require_seeds(g: pd.DataFrame, x: str, seed_col: str, label: str) -> None:
+    """Refuse runs with no seed: the (seed, size) table would drop them without a word (a pivot drops a NaN index),
+    and with them a seed's point at a size, or every point of the group (review 2026-12, F3)."""
+    unseeded = g[g[seed_col].isna()]
+    if unseeded.empty:
+        return
+    names = unseeded["run_dir"].astype(str) if "run_dir" in unseeded else pd.Series(unseeded.index.astype(str))
+    shown = ", ".join(names.iloc[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    sizes = ", ".join(_value(v) for v in sorted(unseeded[x].unique()))
+    raise ValueError(f"{label}: {len(unseeded)} runs have no {seed_col} ({shown}; at {x} = {sizes}); the fit pairs a "
+                     f"seed's runs across sizes and cannot place them: set their {seed_col} (the seed they trained "
+                     f"with), leave them out, or pass seed_col=None to pair runs by their order within each size")
+
+
+def _require_one_recipe(g: pd.DataFrame, x: str, seed_col: str | None, keys: list[str], label: str) -> None:
+    """Refuse a group whose runs at one size differ in a recipe key (:func:`analysis.load.recipe_columns`; ``x``, the
+    seed and the grouping ``keys`` aside): seeds 0-1 at one learning rate and seeds 2-3 at another would read as one
+    curve, and :func:`one_run_per_seed` compares recipes only among repeats of a (seed, size) cell (review 2026-12,
+    F4). A key with one value per size is how the grid was set at that size, not refused: an alias of the size
+    (``dataset.n_train`` beside the summary's ``n_train``, one size per value) passes unsaid, and one that changes
+    between blocks of sizes (a step cap raised for the larger n, as ``analysis.report`` allows; or small and large
+    sizes read from two sweeps) is named in a warning. Runs read by :func:`analysis.load.load_runs` name their config
+    columns; a frame without them is not checked."""
+    mixed, stepped = {}, {}
+    for k in recipe_columns(g, (x, seed_col, *keys)):
+        v = g[k].map(_norm)
+        if v.nunique(dropna=False) <= 1:
+            continue
+        per_size = bool((v.groupby(g[x]).nunique(dropna=False) <= 1).all())
+        if per_size and bool((g[x].groupby(v, dropna=False).nunique() <= 1).all()):
+            continue
+        name, where = (x, g[x]) if per_size or seed_col is None else ("seeds", g[seed_col])
+        at = "; ".join(f"{_value(val)} at {name} {', '.join(_value(w) for w in sorted(where[v == val].unique()))}"
+                       for val in sorted(v.unique(), key=str))
+        (stepped if per_size else mixed)[k] = at
+    if mixed:
+        named = "; ".join(f"{k} ({at})" for k, at in mixed.items())
+        raise ValueError(f"{label}: the runs differ in {named}: two recipes, which one alpha would pool into one "
+                         f"curve; fit them apart (by={[*keys, *mixed]!r}) or read one study's folders")
+    if stepped:
+        named = "; ".join(f"{k} ({at})" for k, at in stepped.items())
+        warnings.warn(f"{label}: {named} changes with {x}; fitted as one curve, each size at its own setting (a "
+                      f"budget raised for the larger sizes?); if the sizes come from two recipes, fit them apart "
+                      f"(by={[*keys, *stepped]!r})", stacklevel=4)
+
+
+def _group_table(g: pd.DataFrame, x: str, y: str, seed_col: str | None, label: str,
+                 keys: list[str] = ()) -> pd.DataFrame:
+    """One group (of ``keys``)'s (seed, size) table of log y: runs with y <= 0 dropped with a warning, repeated seeds
+    averaged; runs without a seed, and runs of two recipes, refused."""
+    if seed_col is not None:
+        _require_seeds(g, x, seed_col, label)
+    _require_one_recipe(g, x, seed_col, list(keys), label)
     nonpos = g[g[y] <= 0]
     if len(nonpos):
         warnings.warn(f"{label}: dropped {len(nonpos)} runs with {y} <= 0 (log undefined)", stacklevel=3)
@@ -139,7 +193,26 @@ def _within_seed_slope(logx: np.ndarray, logy: np.ndarray) -> float | None:
     return num / den if den > 0 else None
 
 
-def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd.DataFrame, label: str) -> dict:
+def _own_size_slopes(logx: np.ndarray, logy: np.ndarray, min_sizes: int = 3) -> pd.Series:
+    """Each seed's least-squares slope on the sizes it has (``logy``: seeds, sizes; NaN where a seed lacks a size),
+    for the seeds with at least ``min_sizes`` sizes; indexed by the row."""
+    slopes = {}
+    for i, row in enumerate(logy):
+        ok = np.isfinite(row)
+        if ok.sum() >= min_sizes:
+            slopes[i] = float(_loglog_lines(logx[ok], row[ok])[0])
+    return pd.Series(slopes, dtype=float)
+
+
+def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd.DataFrame, label: str,
+                    level: float = 0.95) -> dict:
+    """The interval of ``alpha`` (centred on ``slope``, the group's estimate) and the ``ci_method`` that made it.
+
+    Seeds are the repeats, so the width comes from how their slopes differ: over the seeds with every size when 2 or
+    more have it; else over each seed's slope on its own sizes (seeds with >= 3), which keeps a per-seed slope and
+    noise correlated across n (a seed's subsets are nested) in the width. The scatter of the size means around the
+    line sees neither (a "95%" interval covered 0.65-0.71 with a per-seed slope sd of 0.03; review 2026-12, F1): it is
+    used only for a single seed, where there is no seed spread to see, and says so."""
     logx = np.log(sizes)
     complete = table.dropna()
     if len(complete) < len(table) and len(complete) >= 2:
@@ -147,17 +220,33 @@ def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd
         warnings.warn(f"{label}: seeds {', '.join(missing)} lack a run at some size and are left out of the "
                       "alpha interval", stacklevel=4)
     if len(complete) >= 2:
-        _, lo, hi = seed_slope_interval(logx, complete.to_numpy())
+        _, lo, hi = seed_slope_interval(logx, complete.to_numpy(), level)
         centre = slope - float(_loglog_lines(logx, complete.to_numpy().mean(0))[0])  # 0 when no seed is missing
         # (slope is then the within-seed slope of every seed: the interval's width is the complete seeds')
         return {"alpha_lo": float(lo) + centre, "alpha_hi": float(hi) + centre, "n_seeds_ci": len(complete),
                 "ci_method": "t over seed slopes"}
-    if len(sizes) >= 3:
-        warnings.warn(f"{label}: fewer than 2 seeds with a run at every size; the alpha interval comes from the "
-                      "scatter of the size means around the line (assumes the same noise at every size)", stacklevel=4)
-        lo, hi = _residual_interval(logx, logm, slope)
-        return {"alpha_lo": lo, "alpha_hi": hi, "n_seeds_ci": 0, "ci_method": "t over size-mean residuals"}
-    return {"alpha_lo": np.nan, "alpha_hi": np.nan, "n_seeds_ci": 0, "ci_method": "none"}
+    if len(table) == 1:
+        warnings.warn(f"{label}: one seed; the alpha interval comes from the scatter of its points around the line "
+                      "(assumes the same, independent noise at every size) and cannot see how seeds differ: run "
+                      "more seeds for an interval over seeds", stacklevel=4)
+        lo, hi = _residual_interval(logx, logm, slope, level)
+        return {"alpha_lo": lo, "alpha_hi": hi, "n_seeds_ci": 0,
+                "ci_method": "t over size-mean residuals (one seed: ignores seed spread)"}
+    own = _own_size_slopes(logx, table.to_numpy())
+    if len(own) >= 2:
+        left = [str(s) for s in table.index[np.setdiff1d(np.arange(len(table)), own.index)]]
+        warnings.warn(f"{label}: fewer than 2 seeds have a run at every size; the alpha interval is the t-interval "
+                      f"over the slopes of {len(own)} seeds, each on its own sizes (>= 3)"
+                      + (f"; seeds {', '.join(left)} with fewer sizes are left out of it" if left else ""),
+                      stacklevel=4)
+        half = stats.t.ppf(0.5 + level / 2, len(own) - 1) * own.std(ddof=1) / np.sqrt(len(own))
+        return {"alpha_lo": slope - half, "alpha_hi": slope + half, "n_seeds_ci": len(own),
+                "ci_method": "t over seed slopes, each on its own sizes"}
+    warnings.warn(f"{label}: {len(own)} of {len(table)} seeds have runs at >= 3 sizes; no alpha interval (the "
+                  "scatter of the size means would ignore how seeds differ): run 2 or more seeds at 3 or more sizes",
+                  stacklevel=4)
+    return {"alpha_lo": np.nan, "alpha_hi": np.nan, "n_seeds_ci": 0,
+            "ci_method": "none: fewer than 2 seeds with 3 sizes"}
 
 
 def _group_fit(table: pd.DataFrame, n_boot: int, offset: bool, rng: np.random.Generator, label: str) -> dict:
@@ -318,8 +407,39 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
             if not table.at[i, "passes"]:
                 break
             table.at[i, "in_range"] = True
-    keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner")
-    return keep.drop(columns=["_flag", "_unfit"]), table.drop(columns="passes")
+    keep = d.merge(table.loc[table["in_range"], keys], on=keys, how="inner").drop(columns=["_flag", "_unfit"])
+    keep.attrs.update(df.attrs)  # a merge drops them: the fit of these runs reads the config columns to check recipes
+    return keep, table.drop(columns="passes")
+
+
+def _value(v) -> str:
+    """A size as a reader writes it: 800, not 800.0."""
+    return f"{v:g}" if isinstance(v, int | float | np.number) else str(v)
+
+
+def _measured(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The runs with both ``x`` and ``y``; warns with the count of those without either, and for ``y`` the sizes they
+    are at: a size where every run lacks ``y`` leaves the curve, which nothing else would show (review 2026-12, F2)."""
+    sizeless = int(df[x].isna().sum())
+    if sizeless:
+        warnings.warn(f"{sizeless} completed runs have no {x} and are left out of the fit (a null config value, "
+                      "such as `dataset.n_train: null` for the whole set? fit x='n_train', the images each run's "
+                      "summary records)", stacklevel=3)
+    df = df.dropna(subset=[x])
+    unmeasured = df[y].isna()
+    if unmeasured.any():
+        lacking = df.loc[unmeasured, x].value_counts()
+        runs = df[x].value_counts()
+        at = ", ".join(f"{_value(n)} ({lacking[n]} of {runs[n]}{' runs' if i == 0 else ''})"
+                       for i, n in enumerate(sorted(lacking.index)))
+        gone = [_value(n) for n in sorted(lacking.index) if lacking[n] == runs[n]]
+        lost = (f"; {x} = {', '.join(gone)} {'loses' if len(gone) == 1 else 'lose'} every run and "
+                f"{'drops' if len(gone) == 1 else 'drop'} out of the fit") if gone else ""
+        warnings.warn(f"{int(unmeasured.sum())} completed runs have no {y} and are left out of the fit, at {x}: "
+                      f"{at}{lost} (a summary without the metric: a run written before it was recorded, or a "
+                      f"crash after training? re-evaluate those runs, or fit a metric every run records)",
+                      stacklevel=3)
+    return df[~unmeasured]
 
 
 def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "test_error",
@@ -331,30 +451,28 @@ def fit_learning_curve(df: pd.DataFrame, x: str = "dataset.n_train", y: str = "t
     Returns one row per group: the ``by`` columns, ``alpha``, ``alpha_lo``, ``alpha_hi`` (95%
     t-interval over per-seed slopes, see the module docstring), ``prefactor``, ``r2`` (log-log),
     ``n_points`` (distinct sizes), ``n_seeds`` (fewest seeds at any size), ``n_seeds_ci`` (the seeds with a run at
-    every size, which the t-interval is over; 0 when it falls back to the residuals), ``x_min``, ``x_max``,
-    ``ci_method``; with ``offset=True`` also the fit of ``y = offset_prefactor * x^offset_alpha + offset``
-    (on the arithmetic means) and its percentile-bootstrap ranges over ``n_boot`` resamples
+    every size, which the t-interval is over; else the seeds whose own slopes it is over; 0 for a single seed's
+    residual interval or none), ``x_min``, ``x_max``, ``ci_method``; with ``offset=True`` also the fit of
+    ``y = offset_prefactor * x^offset_alpha + offset`` (on the arithmetic means) and its percentile-bootstrap ranges
+    over ``n_boot`` resamples
     (``offset_lo``, ``offset_hi``, ``offset_alpha_lo``, ``offset_alpha_hi``). Rows whose status is not
     ``status`` are excluded (pass None to keep all). A group with fewer than 3 sizes raises ValueError, or with
     ``errors="skip"`` is left out with a warning. Each run at a size counts as one seed; runs repeating a
-    (size, ``seed_col``) pair are averaged first.
+    (size, ``seed_col``) pair are averaged first, and a run with no ``seed_col`` raises ValueError, as do runs of one
+    group and size that differ in a recipe key (a config key other than ``x``, the seed, ``by`` and runtime keys:
+    group by it); a key that changes only between sizes is named in a warning.
     """
     by = [by] if isinstance(by, str) else list(by or [])
     require_columns(df, x, y, *by, seed_col)
     df = completed_only(df, "fit_learning_curve", status)
-    sizeless = int(df[x].isna().sum())
-    if sizeless:
-        warnings.warn(f"{sizeless} completed runs have no {x} and are left out of the fit (a null config value, "
-                      "such as `dataset.n_train: null` for the whole set? fit x='n_train', the images each run's "
-                      "summary records)", stacklevel=2)
-    df = df.dropna(subset=[x, y])
+    df = _measured(df, x, y)
     rng = np.random.default_rng(seed)
     rows = []
     groups = df.groupby(by, dropna=False) if by else [((), df)]
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(by, key, strict=True)) or "all runs"
-        table = _group_table(g, x, y, seed_col, label)
+        table = _group_table(g, x, y, seed_col, label, by)
         if table.shape[1] < 3:
             msg = (f"{label}: a power-law fit needs >= 3 distinct values of {x}, "
                    f"got {table.shape[1]} ({table.columns.tolist()})")
@@ -388,13 +506,13 @@ def slope_difference(df: pd.DataFrame, by: str, a: object, b: object, x: str = "
     ``a``'s learning curve is steeper. Returns ``diff``, ``lo``, ``hi``, ``p`` (two-sided), the mean slopes
     ``alpha_a``, ``alpha_b``, the seeds used ``n_a``, ``n_b`` and ``sizes``."""
     require_columns(df, by, x, y, seed_col)
-    df = completed_only(df, "slope_difference", status).dropna(subset=[x, y])
+    df = _measured(completed_only(df, "slope_difference", status), x, y)
     tables = {}
     for name in (a, b):
         g = df[df[by] == name]
         if g.empty:
             raise ValueError(f"slope_difference: no completed run has {by} = {name!r}")
-        tables[name] = _group_table(g, x, y, seed_col, f"{by}={name}")
+        tables[name] = _group_table(g, x, y, seed_col, f"{by}={name}", [by])
     sizes = sorted(set(tables[a].columns) & set(tables[b].columns))
     if len(sizes) < 3:
         raise ValueError(f"slope_difference: {by} = {a!r} and {b!r} share {len(sizes)} sizes of {x} ({sizes}); "

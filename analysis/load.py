@@ -81,14 +81,23 @@ def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who:
     return pd.concat([df.loc[~dup, [*cols, *metrics]], merged], ignore_index=True)
 
 
+# where the run read its data and which device trained it are not the recipe: the same grid read from a committed
+# copy and a live one differs in dataset.root (as design.compare exempts them)
+NOT_RECIPE = (*contract.STUDY_RUNTIME_KEYS, "hydra", "logger", "trial", "dataset.root", "trainer.device",
+              "trainer.compile")
+
+
+def recipe_columns(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
+    """The config columns of ``df`` (``df.attrs['config_columns']``, as :func:`load_runs` sets them; none for a frame
+    without) that define what a run computed: not a key of ``NOT_RECIPE`` (or under one), not in ``exclude``."""
+    exclude = set(exclude)
+    return [k for k in df.attrs.get("config_columns", []) if k in df and k not in exclude
+            and not any(k == r or k.startswith(r + ".") for r in NOT_RECIPE)]
+
+
 def _recipe_differences(df: pd.DataFrame, cols: list[str]) -> dict[str, list[str]]:
     """Config keys (runtime keys aside) whose value differs within a group of ``cols`` -> the values seen."""
-    # where the run read its data and which device trained it are not the recipe: the same grid read from a committed
-    # copy and a live one differs in dataset.root (as design.compare exempts them)
-    skip = (*contract.STUDY_RUNTIME_KEYS, "hydra", "logger", "trial", "dataset.root", "trainer.device",
-            "trainer.compile")
-    keys = [k for k in df.attrs.get("config_columns", []) if k in df and k not in cols
-            and not any(k == r or k.startswith(r + ".") for r in skip)]
+    keys = recipe_columns(df, cols)
     out = {}
     for k in keys:
         v = df[k].map(_norm)

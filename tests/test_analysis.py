@@ -19,6 +19,7 @@ from analysis import (
     load_history,
     load_runs,
     load_study,
+    slope_difference,
     summary_table,
 )
 from analysis.load import one_run_per_seed
@@ -968,6 +969,22 @@ def test_fit_learning_curve_warns_when_completed_runs_have_no_size():
                        "test_error": [0.3, 0.2, 0.15, 0.05] * 2, "status": "completed"})
     with pytest.warns(UserWarning, match="2 completed runs have no dataset.n_train"):
         fit_learning_curve(df, n_boot=0)
+
+
+def test_fit_learning_curve_warns_when_completed_runs_have_no_test_error_and_names_a_size_that_drops_out():
+    """Review 2026-12 (F2): completed runs without the fitted metric were dropped without a word; when every seed at a
+    size lacked it, the size left the curve unseen. Both are named, as the runs without a size are."""
+    df = pd.DataFrame({"dataset.n_train": [100, 200, 400, 800] * 3, "seed": np.repeat([0, 1, 2], 4),
+                       "test_error": np.array([0.3, 0.2, 0.15, 0.1] * 3) * np.exp(
+                           0.05 * np.random.default_rng(0).standard_normal(12)), "status": "completed"})
+    df.loc[df["dataset.n_train"] == 800, "test_error"] = np.nan
+    df.loc[(df["dataset.n_train"] == 200) & (df["seed"] == 1), "test_error"] = np.nan
+    with pytest.warns(UserWarning, match=r"4 completed runs have no test_error .*: 200 \(1 of 3 runs\), 800 \(3 of 3\)"
+                      r"; dataset.n_train = 800 loses every run and drops out of the fit"):
+        fit = fit_learning_curve(df, n_boot=0).iloc[0]
+    assert fit["x_max"] == 400 and fit["n_points"] == 3
+    with pytest.warns(UserWarning, match="8 completed runs have no test_error"):
+        slope_difference(pd.concat([df.assign(arch="a"), df.assign(arch="b")]), "arch", "a", "b")
 
 
 def _two_models(rng: int = 1) -> pd.DataFrame:
