@@ -60,8 +60,9 @@ reports: install
 	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
 		$(S)/double_descent_cnn/records/main_seeds789 \
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_test.md
-	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main_fixed --capped-from \
-		$(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 --curves \
+	$(PY) -m analysis.design test $(S)/double_descent_cnn/records/main_fixed $(S)/double_descent_cnn/records/main_fixed_seeds789 \
+		--capped-from $(S)/double_descent_cnn/records/main $(S)/double_descent_cnn/records/main_seed6 \
+		$(S)/double_descent_cnn/records/main_seeds789 --curves \
 		--pilot $(S)/double_descent_cnn/records/pilot_gpu --out $(S)/double_descent_cnn/analysis/main_fixed_test.md
 	$(PY) -m analysis.design plan $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
 		--out $(S)/double_descent_vit/analysis/pilot_plan.md

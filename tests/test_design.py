@@ -715,8 +715,8 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
     ("double_descent_cnn", ["records/main", "records/main_seed6", "records/main_seeds789"], ["records/pilot_gpu"],
      "critical", "main_test.md",
      [], None),
-    ("double_descent_cnn", ["records/main_fixed"], ["records/pilot_gpu"], "critical", "main_fixed_test.md",
-     ["records/main", "records/main_seed6"], None),
+    ("double_descent_cnn", ["records/main_fixed", "records/main_fixed_seeds789"], ["records/pilot_gpu"], "critical",
+     "main_fixed_test.md", ["records/main", "records/main_seed6", "records/main_seeds789"], None),
     *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], c, f"{grid}/{name}", [], 0.03)
       for grid in ("main_gpu", "main_bf16")
       for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
