@@ -469,11 +469,10 @@ def spike_centre(c: pd.DataFrame, width: str, tol: float, rule: str) -> tuple[in
     d, (lo, _, hi) = peak_contrast(c, width, r)
     if lo is None or hi is None:
         return n, f"{r:g}, with no grid width {'at most half' if lo is None else 'at least twice'} it to test against"
-    if len(d) < 2 or not (d.std() > 0).all():
-        return n, f"{r:g} ({len(d)} seeds hold it and both neighbours: no paired test)"
-    p = max(float(stats.ttest_1samp(d[x].to_numpy(), 0.0, alternative="greater").pvalue) for x in ("left", "right"))
-    return n, (f"{r:g}, where the same contrast (post hoc) stands {float(d.mean().min()):.3f} above {lo:g} and "
-               f"{hi:g}, p {p:.2g}")
+    k, p, _, height, _, _ = _contrast_test(d, lo, hi, False, tol, np.nan, ALPHA)
+    if not np.isfinite(p):
+        return n, f"{r:g} ({k} seeds hold it and both neighbours: no paired test)"
+    return n, f"{r:g}, where the same contrast (post hoc) stands {height:.3f} above {lo:g} and {hi:g}, p {p:.2g}"
 
 
 def spike_note(df: pd.DataFrame) -> str:
@@ -835,7 +834,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
             _, kp, _, kept_height, kd, kno = _contrast_test(d[~d.index.isin(spiked_seeds)], lo, hi, never, tol,
                                                             pilot_sd, alpha)
             kept = verdict(kp, kept_height, kd, effect, flagged, alpha, missing, unread, kno, deciding)
-            ours = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
+            ours = _verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
             ours, kept_says = ours.split(" (")[0], kept.split(" (")[0]
             if ((ours == "reproduced" and kept_says != "reproduced")
                     or (ours != "reproduced" and (kept_says == "reproduced" or kept_height >= effect))):

@@ -95,8 +95,14 @@ def seed_slope_interval(logx: np.ndarray, logy: np.ndarray, level: float = 0.95
     if s < 2:
         raise ValueError(f"a t-interval over seeds needs >= 2 seeds, got {s}")
     mean = slopes.mean(-1)
-    half = stats.t.ppf(0.5 + level / 2, s - 1) * slopes.std(-1, ddof=1) / np.sqrt(s)
+    half = _t_half(slopes, level)
     return mean, mean - half, mean + half
+
+
+def _t_half(slopes: np.ndarray, level: float) -> np.ndarray:
+    """Half-width of the t-interval of the mean over the last axis (one slope per seed)."""
+    s = slopes.shape[-1]
+    return stats.t.ppf(0.5 + level / 2, s - 1) * slopes.std(-1, ddof=1) / np.sqrt(s)
 
 
 def _residual_interval(logx: np.ndarray, logm: np.ndarray, slope: float, level: float = 0.95) -> tuple[float, float]:
@@ -211,7 +217,7 @@ def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd
     Seeds are the repeats, so the width comes from how their slopes differ: over the seeds with every size when 2 or
     more have it; else over each seed's slope on its own sizes (seeds with >= 3), which keeps a per-seed slope and
     noise correlated across n (a seed's subsets are nested) in the width. The scatter of the size means around the
-    line sees neither (a "95%" interval covered 0.65-0.71 with a per-seed slope sd of 0.03; review 2026-12, F1): it is
+    line sees neither (a "95%" interval covered 0.65-0.71 at a per-seed slope sd of 0.03; review 2026-11-29, F1): it is
     used only for a single seed, where there is no seed spread to see, and says so."""
     logx = np.log(sizes)
     complete = table.dropna()
@@ -239,7 +245,7 @@ def _alpha_interval(sizes: np.ndarray, logm: np.ndarray, slope: float, table: pd
                       f"over the slopes of {len(own)} seeds, each on its own sizes (>= 3)"
                       + (f"; seeds {', '.join(left)} with fewer sizes are left out of it" if left else ""),
                       stacklevel=4)
-        half = stats.t.ppf(0.5 + level / 2, len(own) - 1) * own.std(ddof=1) / np.sqrt(len(own))
+        half = float(_t_half(own.to_numpy(), level))
         return {"alpha_lo": slope - half, "alpha_hi": slope + half, "n_seeds_ci": len(own),
                 "ci_method": "t over seed slopes, each on its own sizes"}
     warnings.warn(f"{label}: {len(own)} of {len(table)} seeds have runs at >= 3 sizes; no alpha interval (the "
