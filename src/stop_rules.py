@@ -16,6 +16,7 @@ from src import run_contract
 from src.run_contract import COLLAPSE_RISE, MIN_CHANCE_ERROR, STALLED_MARGIN  # noqa: F401 (re-exported)
 
 FINAL_REASONS = ("converged", "stalled", "pruned", "nonfinite_loss")  # a run that stopped for these is never continued
+STEP_RULES = ("max_steps", "max_wall")  # the reasons after_step gives: they can fire on any batch
 
 
 @dataclass

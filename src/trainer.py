@@ -29,7 +29,7 @@ from src.metrics import batchnorm_start_share, evaluate, recompute_batchnorm
 from src.records import hold_run_dir, writable_run_dir
 from src.run_contract import RUNTIME_KEYS
 from src.run_state import RunState, plain_config, setup
-from src.stop_rules import COLLAPSE_RISE, StopRules
+from src.stop_rules import COLLAPSE_RISE, STEP_RULES, StopRules
 from src.trackers import open_trackers
 from src.trial import Reporter
 from src.validate import check_config, objective_metrics
@@ -237,6 +237,8 @@ def close_epoch(state: RunState, reason: str | None, images: int, started: float
     if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
         later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar,
                                   final=reason is not None)
+        if later and state.epoch_done and reason in STEP_RULES:
+            return later  # a whole epoch whose evaluation ends the run stops it as an uninterrupted run does
         reason = reason or later
     return reason
 

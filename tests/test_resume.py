@@ -342,6 +342,20 @@ def test_a_run_extended_past_a_stop_mid_epoch_records_what_an_uninterrupted_run_
     for key in ("best_test_error", "best_val_error", "test_error", "epochs", "steps"):
         assert cut[key] == whole[key], key
 
+def test_a_step_limit_on_the_batch_where_the_run_converges_records_the_convergence(tiny_cfg, tmp_path):
+    """Review 2026-11-29 (session 53, trainer): max_steps firing on the last batch of the epoch whose evaluation
+    converged (or stalled) kept max_steps as the reason; the run read as stopped, and extended it trained on past the
+    epoch where an uninterrupted run stops (stalled at 3 against converged at 4 in the review)."""
+    over = ["trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=30", "trainer.converge_epochs=2",
+            "trainer.converge_tol=1.0"]  # 4 steps an epoch: the third evaluation ends the run
+    whole = train(tiny_cfg(*over), tmp_path / "whole")
+    assert whole["epochs"] == 3 and whole["stop_reason"] in ("converged", "stalled")
+    cut = train(tiny_cfg(*over, "trainer.max_steps=12"), tmp_path / "cut")  # the limit fires on epoch 3's last batch
+    assert (cut["stop_reason"], summary_of(tmp_path / "cut")["status"]) == (whole["stop_reason"], "completed")
+    train(tiny_cfg(*over), tmp_path / "cut")
+    assert untimed(rows_of(tmp_path / "cut")) == untimed(rows_of(tmp_path / "whole"))
+
+
 def test_resume_never_moves_the_old_files_aside(tiny_cfg, tmp_path):
     train(tiny_cfg("trainer.checkpoint=true"), tmp_path)
     old = (tmp_path / "metrics.jsonl").read_text()
