@@ -349,7 +349,7 @@ def test_analysis_imports_nothing_from_src_but_the_run_dir_contract():
     run directory's flag rules with the trainer through src.run_contract, which imports nothing heavy."""
     import ast
 
-    for path in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
+    for path in (Path(__file__).resolve().parents[1] / "analysis").rglob("*.py"):  # its subpackages too
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
