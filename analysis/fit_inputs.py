@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from analysis.load import _norm, one_run_per_seed, recipe_columns
+from analysis.frames import _norm, one_run_per_seed, recipe_columns
 
 
 def _seed_matrix(g: pd.DataFrame, x: str, y: str, seed_col: str | None) -> pd.DataFrame:
@@ -31,7 +31,7 @@ def _require_seeds(g: pd.DataFrame, x: str, seed_col: str, label: str) -> None:
 
 
 def _require_one_recipe(g: pd.DataFrame, x: str, seed_col: str | None, keys: list[str], label: str) -> None:
-    """Refuse a group whose runs at one size differ in a recipe key (:func:`analysis.load.recipe_columns`; ``x``, the
+    """Refuse a group whose runs at one size differ in a recipe key (:func:`analysis.frames.recipe_columns`; ``x``, the
     seed and the grouping ``keys`` aside): seeds 0-1 at one learning rate and seeds 2-3 at another would read as one
     curve, and :func:`one_run_per_seed` compares recipes only among repeats of a (seed, size) cell (review 2026-12,
     F4). A key with one value per size is how the grid was set at that size, not refused: an alias of the size

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import curve_fit
 
-from analysis.load import one_run_per_seed, require_columns
+from analysis.frames import one_run_per_seed, require_columns
 
 
 def _power_offset(n, a, alpha, c):

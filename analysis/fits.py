@@ -41,7 +41,7 @@ from scipy import stats
 from analysis.fit_inputs import _group_table, _measured
 from analysis.fit_offset import _offset_fit
 from analysis.fit_slopes import _alpha_interval, _loglog_lines, _within_seed_slope
-from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.frames import completed_only, one_run_per_seed, require_columns
 
 
 def curve_points(df: pd.DataFrame, x: str, y: str, by: list[str], seed_col: str | None = "seed",

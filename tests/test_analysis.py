@@ -22,7 +22,7 @@ from analysis import (
     slope_difference,
     summary_table,
 )
-from analysis.load import one_run_per_seed
+from analysis.frames import one_run_per_seed
 from analysis.report import make_report, varied_keys
 from tests.helpers import write_run
 

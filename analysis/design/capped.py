@@ -17,7 +17,7 @@ from analysis.design.grid import (
     recipe_keys,
 )
 from analysis.double_descent import width_column
-from analysis.load import _norm
+from analysis.frames import _norm
 
 
 def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = None) -> pd.DataFrame:

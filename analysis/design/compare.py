@@ -5,7 +5,7 @@ import pandas as pd
 
 from analysis.design.grid import CURVE_KEYS, NOISE, SEED, _declared_grids, one_recipe, recipe_keys
 from analysis.double_descent import width_column
-from analysis.load import _norm, completed_only
+from analysis.frames import _norm, completed_only
 from analysis.tables import to_markdown
 
 

@@ -7,7 +7,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from analysis.load import _norm, studies_of
+from analysis.frames import _norm
+from analysis.studies import studies_of
 from src.run_contract import STUDY_RUNTIME_KEYS
 
 NOISE = "label_noise.p"

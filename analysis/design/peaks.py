@@ -22,7 +22,7 @@ from analysis.design.power import ALPHA, Spread, _contrast_test
 from analysis.design.spikes import spike_centre
 from analysis.design.thresholds import _flagged, center, deciding_flags, peak_contrast, threshold
 from analysis.double_descent import width_column
-from analysis.load import _norm, completed_only, require_columns
+from analysis.frames import _norm, completed_only, require_columns
 from src.run_contract import SPIKE_WINDOW
 
 

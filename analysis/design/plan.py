@@ -8,7 +8,8 @@ from analysis.design.grid import LR, NOISE, SEED, curve_keys
 from analysis.design.power import spread
 from analysis.design.thresholds import _flagged, threshold, thresholds
 from analysis.double_descent import width_column
-from analysis.load import completed_only, load_runs, require_columns
+from analysis.frames import completed_only, require_columns
+from analysis.load import load_runs
 
 
 def collapse_table(df: pd.DataFrame, width: str | None = None) -> pd.DataFrame:

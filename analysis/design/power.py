@@ -10,7 +10,7 @@ from scipy import optimize, stats
 from analysis.design.grid import NOISE, curve_keys
 from analysis.design.thresholds import _flagged, center, peak_contrast
 from analysis.double_descent import width_column
-from analysis.load import completed_only, one_run_per_seed
+from analysis.frames import completed_only, one_run_per_seed
 
 ALPHA, POWER = 0.05, 0.8
 

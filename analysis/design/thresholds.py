@@ -6,7 +6,7 @@ import pandas as pd
 
 from analysis.design.grid import NOISE, SEED, curve_keys
 from analysis.double_descent import width_column
-from analysis.load import completed_only, require_columns
+from analysis.frames import completed_only, require_columns
 
 
 def _flagged(df: pd.DataFrame) -> pd.Series:
