@@ -4,7 +4,9 @@ Reads files only (the run-directory contract); never imports the trainer.
 """
 from analysis.double_descent import descent_curves, descent_summary
 from analysis.fits import curve_points, fit_learning_curve, slope_difference
-from analysis.load import MissingColumnError, find_run_dirs, load_history, load_runs, load_study, require_columns
+from analysis.frames import MissingColumnError, require_columns
+from analysis.load import load_history, load_runs, load_study
+from analysis.run_dir import find_run_dirs
 from analysis.tables import format_table, summary_table, to_markdown, write_table
 
 __all__ = [

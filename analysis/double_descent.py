@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal, stats
 
-from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.frames import completed_only, one_run_per_seed, require_columns
 from analysis.tables import FLAGS
 
 WIDTH_KEYS = ("model.width", "model.dim", "model.embed_dim", "model.channels")

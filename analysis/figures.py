@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.fits import curve_points  # noqa: E402
-from analysis.load import require_columns  # noqa: E402
+from analysis.frames import require_columns  # noqa: E402
 from analysis.tables import METRICS, format_value  # noqa: E402
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import completed_only, one_run_per_seed, require_columns
+from analysis.frames import completed_only, one_run_per_seed, require_columns
 
 # metric column -> (header, kind); kind picks the formatting
 METRICS = {

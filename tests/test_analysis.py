@@ -22,7 +22,7 @@ from analysis import (
     slope_difference,
     summary_table,
 )
-from analysis.load import one_run_per_seed
+from analysis.frames import one_run_per_seed
 from analysis.report import make_report, varied_keys
 from tests.helpers import write_run
 
@@ -349,7 +349,7 @@ def test_analysis_imports_nothing_from_src_but_the_run_dir_contract():
     run directory's flag rules with the trainer through src.run_contract, which imports nothing heavy."""
     import ast
 
-    for path in (Path(__file__).resolve().parents[1] / "analysis").glob("*.py"):
+    for path in (Path(__file__).resolve().parents[1] / "analysis").rglob("*.py"):  # its subpackages too
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -838,7 +838,7 @@ def test_an_offset_fit_whose_floor_misses_its_points_is_flagged_and_not_drawn_as
     assert fit_learning_curve(runs, offset=True, n_boot=50).iloc[0]["offset_ok"]
     fit = fit_learning_curve(runs, offset=True, n_boot=50)
     fit.loc[0, "offset"] = 10 * runs["test_error"].min()  # a floor above a measured point
-    from analysis.fits import check_offset
+    from analysis.fit_offset import check_offset
     checked = check_offset(fit, runs)
     assert not checked.iloc[0]["offset_ok"] and "floor" in checked.iloc[0]["offset_note"]
     checked.attrs.update(fit.attrs)
@@ -998,7 +998,7 @@ def _two_models(rng: int = 1) -> pd.DataFrame:
 def test_check_offset_on_fits_read_back_from_a_table_judges_each_group_by_its_own_runs(tmp_path):
     """A table read back from CSV has no attrs: check_offset pooled every group's runs and flagged model A's real
     floor as "above the measured mean" of A and B together (review of 2026-11-29, F2)."""
-    from analysis.fits import check_offset
+    from analysis.fit_offset import check_offset
 
     runs = _two_models()
     fits = fit_learning_curve(runs, by="arch", offset=True, n_boot=20)

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.fits import fit_learning_curve, seed_slope_interval, slope_difference
+from analysis.fit_slopes import seed_slope_interval
+from analysis.fits import fit_learning_curve, slope_difference
 
 STUDIES = 1000  # per scenario: the coverage estimate's standard error is about 0.7 points
 

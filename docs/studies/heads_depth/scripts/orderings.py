@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import fit_learning_curve, load_runs, slope_difference, to_markdown
-from analysis.design import _declared_grids, expected_pairs, unfinished
+from analysis.design.grid import _declared_grids, expected_pairs, unfinished
 from analysis.fits import overfitting_regime
 
 RECORDS_DIR = Path(__file__).resolve().parents[1] / "records"
@@ -217,7 +217,7 @@ def declared(sweep_dir: str, out_dir: str | None = None) -> str:
 def confirm_test(runs: pd.DataFrame, kept: pd.DataFrame, a: str, b: str, grids: dict) -> str:
     """The confirmatory test's line: alpha(a) - alpha(b), seeds paired, on the shared in-range sizes (``kept``), and
     its verdict (confirmed below 0, refuted above 0, else not resolved). The grid is the one the sweep declared
-    (``grids``, from ``analysis.design._declared_grids``: sizes x seeds per architecture). The line is drawn only
+    (``grids``, from ``analysis.design.grid._declared_grids``: sizes x seeds per architecture). The line is drawn only
     when every run of that grid completed and every declared seed is in the paired fit, which sees that grid
     alone; otherwise it says why it is not drawn."""
     expected = {}

@@ -1,0 +1,143 @@
+"""Reading a pilot: collapses, the lr rule, thresholds and spread, and the main run they choose."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.design.grid import LR, NOISE, SEED, curve_keys
+from analysis.design.power import spread
+from analysis.design.thresholds import _flagged, threshold, thresholds
+from analysis.double_descent import width_column
+from analysis.frames import completed_only, require_columns
+from analysis.load import load_runs
+
+
+def collapse_table(df: pd.DataFrame, width: str | None = None) -> pd.DataFrame:
+    """Runs and flagged (collapsed or stalled) runs per (curve keys, noise, width)."""
+    width = width or width_column(df)
+    df = completed_only(df, "collapse_table").assign(flagged=lambda d: _flagged(d))
+    keys = [*curve_keys(df), NOISE, width]
+    g = df.groupby(keys, dropna=False, sort=True)
+    return g.agg(runs=("flagged", "size"), flagged=("flagged", "sum")).reset_index()
+
+
+def near(grid: list[float], t: float, factor: float = 2.0) -> list[float]:
+    """The grid widths within ``factor`` of ``t`` (every width when ``t`` is NaN: no threshold, all are suspect)."""
+    return [w for w in grid if not np.isfinite(t) or t / factor <= w <= t * factor]
+
+
+def choose_lr(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> tuple[float | None, pd.DataFrame]:
+    """The lr rule: the largest lr under which no run at its threshold widths collapsed or stalled.
+
+    Thresholds are taken per (other curve keys, noise) at each lr; an lr whose curves have no interpolating width
+    counts every width as a threshold width. Returns (lr or None, one row per lr with its flagged runs there)."""
+    width = width or width_column(df)
+    require_columns(df, LR)
+    df = completed_only(df, "choose_lr")
+    others = [k for k in curve_keys(df) if k != LR]
+    rows = []
+    for lr, at in df.groupby(LR, sort=True):
+        bad = total = 0
+        for _, c in at.groupby([*others, NOISE], dropna=False):
+            t = threshold(c, width, tol)
+            sel = c[c[width].isin(near(sorted(c[width].unique()), t))]
+            bad += int(_flagged(sel).sum())
+            total += len(sel)
+        rows.append({LR: float(lr), "runs_at_threshold_widths": total, "flagged": bad, "stable": bad == 0})
+    table = pd.DataFrame(rows)
+    stable = table[table["stable"]]
+    return (float(stable[LR].max()) if len(stable) else None), table
+
+
+LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128)
+
+
+def suggest_grid(t: float, ladder: tuple = LADDER, below: int = 2) -> list[float]:
+    """Widths of ``ladder`` from ``below`` steps under a factor 2 below ``t`` up to 8 t: the threshold in the
+    middle of a log axis, dense around it, with room for the second descent."""
+    if not np.isfinite(t):
+        return []
+    lo = [w for w in ladder if w <= t / 2]
+    start = lo[-below] if len(lo) >= below else ladder[0]
+    return [w for w in ladder if start <= w <= 8 * t]
+
+
+def choose_main(p: dict, target: float, noise: float | None = None, min_seeds: int = 3, max_seeds: int = 8) -> dict:
+    """The main run's n_train, grid and seeds from a pilot, by rules that read train errors and the seed spread only.
+
+    n_train: among the pilot sizes whose threshold (at the chosen lr and the largest noise level, or ``noise``)
+    leaves at least two underfitting pilot widths below it, the one whose threshold is closest to ``target`` (the
+    published threshold) on a log scale. Grid: ``suggest_grid`` around that threshold, on the ladder's multiples of a
+    ViT pilot's head count. Seeds: the fewest in ``min_seeds..max_seeds`` whose smallest detectable contrast is at
+    most the published effect (else ``max_seeds``).
+    """
+    th = p["thresholds"]
+    noise = th[NOISE].max() if noise is None else noise
+    ok = th[(th[NOISE] == noise) & (th["underfit_below"] >= 2) & th["threshold"].notna()]
+    if ok.empty:
+        return {}
+    ok = ok.assign(dist=np.abs(np.log(ok["threshold"] / target)))
+    row = ok.sort_values(["dist", "threshold"]).iloc[0]
+    sp = p["spread"]
+    seeds = next((k for k in range(min_seeds, max_seeds + 1) if sp.mde(k) <= p["effect"]), max_seeds)
+    ladder = tuple(w for w in LADDER if w % p["heads"] == 0) if p.get("heads") else LADDER  # dims a ViT can take
+    out = {"threshold": float(row["threshold"]), "grid": suggest_grid(row["threshold"], ladder), "seeds": seeds,
+           "mde": sp.mde(seeds)}
+    if "dataset.n_train" in th:
+        out["n_train"] = int(row["dataset.n_train"])
+    return out
+
+
+def main_overrides(m: dict, lr: float | None, width: str = "model.width", first_seed: int = 0) -> list[str]:
+    """Hydra overrides for the main run chosen by ``choose_main`` (and the lr rule), on the pilot's width key, with
+    ``m["seeds"]`` seeds from ``first_seed``."""
+    out = [] if lr is None else [f"optimizer.lr={lr:g}"]
+    if "n_train" in m:
+        out.append(f"dataset.n_train={m['n_train']}")
+    out.append(f"{width}=choice(" + ",".join(f"{w:g}" for w in m["grid"]) + ")")
+    out.append("seed=choice(" + ",".join(str(s) for s in range(first_seed, first_seed + m["seeds"])) + ")")
+    return out
+
+
+def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: str = "critical") -> dict:
+    df = load_runs(paths, optuna_state=False)  # the design reads the runs' own records only
+    width = width_column(df)
+    lr, lr_table = choose_lr(df, width, tol) if LR in curve_keys(df) else (None, pd.DataFrame())
+    at = df if lr is None else df[np.isclose(df[LR].astype(float), lr)]
+    sp = spread(at, width, tol, rule)
+    th = thresholds(at, width, tol)
+    keys = [*curve_keys(df), NOISE, width]
+    done = completed_only(df, "plan")
+    curves = (done.groupby(keys, dropna=False).agg(runs=("train_error", "size"), train_mean=("train_error", "mean"),
+                                                    test_mean=("test_error", "mean"), test_sd=("test_error", "std"))
+              .reset_index())
+    heads = df["model.heads"].dropna().unique() if width == "model.dim" and "model.heads" in df else []
+    return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th,
+            "pilot_seeds": tuple(sorted(df[SEED].dropna().unique())) if SEED in df else (),
+            "heads": int(heads[0]) if len(heads) == 1 else None,
+            "collapses": collapse_table(df, width), "spread": sp,
+            "mde": {k: sp.mde(k) for k in seeds}, "effect": effect,
+            "grids": {str(r.get("dataset.n_train", "")) + f" p={r[NOISE]}": suggest_grid(r["threshold"])
+                      for r in th.to_dict("records")}}
+
+
+def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 0.01) -> pd.DataFrame:
+    """The pilot's runs at the lr the main run trained at, where the pilot tried several (its spread at another lr
+    is another recipe's): the main run's one lr, else the lr rule's choice. Refused (SystemExit) when the main run's
+    lr is not among the pilot's, or when the main run holds none and the rule chose none (every rung collapsed)."""
+    if LR not in curve_keys(pilot):
+        return pilot
+    tried = sorted(pilot[LR].dropna().astype(float).unique())
+    main_lrs = sorted(main_runs[LR].dropna().astype(float).unique()) if LR in main_runs else []
+    if len(main_lrs) == 1:
+        if not np.isclose(tried, main_lrs[0]).any():
+            raise SystemExit(f"the main run trained at {LR} {main_lrs[0]:g}, which the pilot never tried (it tried "
+                             f"{', '.join(f'{v:g}' for v in tried)}): its spread is another recipe's; pass the pilot "
+                             "of the main run's lr")
+        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])]
+    lr, _ = choose_lr(pilot, tol=tol)
+    if lr is None:
+        raise SystemExit(f"the pilot tried {LR} {', '.join(f'{v:g}' for v in tried)} and the lr rule chose none (each "
+                         "collapsed or stalled at its threshold widths), and the main runs name no single lr: no "
+                         "pilot spread belongs to them")
+    return pilot[np.isclose(pilot[LR].astype(float), lr)]

@@ -1,0 +1,174 @@
+"""The paired contrast test and its power: the smallest detectable peak and the pilot's seed spread."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, stats
+
+from analysis.design.grid import NOISE, curve_keys
+from analysis.design.thresholds import _flagged, center, peak_contrast
+from analysis.double_descent import width_column
+from analysis.frames import completed_only, one_run_per_seed
+
+ALPHA, POWER = 0.05, 0.8
+
+
+def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest peak height (both contrasts at least this) the declared test detects over ``k`` seeds with joint
+    ``power``: a peak needs both one-sided paired t-tests, so each is given power ``sqrt(power)``, as if the two
+    contrasts were independent (they share the centre width's value and are positively correlated, so the joint
+    power is at least ``power``).
+
+    The figure is the larger of the central-t sum ``(t(1 - alpha) + t(sqrt(power))) sd / sqrt(k)``, with which the
+    designs were declared, and the exact height at which each test has power ``sqrt(power)`` by the noncentral t:
+    the sum is the larger from 4 seeds on (conservative), the exact height at 2 and 3 (the sum gave each test power
+    0.851 at 2 seeds, a joint power near 0.72; 0.893 at 3)."""
+    if k < 2 or not np.isfinite(sd) or sd <= 0:  # no spread measured: no power figure (not "detects everything")
+        return np.nan
+    crit = stats.t.ppf(1 - alpha, k - 1)
+    approx = (crit + stats.t.ppf(np.sqrt(power), k - 1)) / np.sqrt(k)
+
+    def short(d: float) -> float:  # each test's power at height d (in units of sd) minus sqrt(power)
+        return float(stats.nct.sf(crit, k - 1, d * np.sqrt(k))) - np.sqrt(power)
+
+    exact = approx if short(approx) >= 0 else optimize.brentq(short, approx, 2 * approx, xtol=1e-10)
+    return float(max(approx, exact) * sd)
+
+
+def mde_sides(sd_left: float, sd_right: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest peak height (both contrasts at least this) the declared test detects over ``k`` seeds with joint
+    ``power``, each one-sided paired t-test's power from its own contrast's sd (noncentral t), the joint power their
+    product (the two share the centre width, correlate positively, so it is at least that). With one side quiet the
+    other carries the power alone: about ``power`` on it, not ``sqrt(power)`` (taking the larger sd for both, as on
+    2026-11-29 first, gave a joint power near 0.9 and asked 8 seeds where 6 have 0.8)."""
+    sds = np.array([sd_left, sd_right], float)
+    if k < 2 or not np.isfinite(sds).all() or (sds <= 0).any():
+        return np.nan
+    crit = stats.t.ppf(1 - alpha, k - 1)
+
+    def short(d: float) -> float:  # joint power at height d minus the target
+        return float(np.prod(stats.nct.sf(crit, k - 1, d * np.sqrt(k) / sds))) - power
+
+    hi = mde(float(sds.max()), k, alpha, power)  # each side at sqrt(power) with the larger sd: joint >= power
+    return float(optimize.brentq(short, 1e-12 * hi, hi, xtol=1e-12)) if short(hi) > 0 else hi
+
+
+@dataclass
+class Spread:
+    contrast_sd: float  # pooled sd over seeds of the two peak contrasts
+    dof: int  # of contrast_sd: both sides' (each side has half)
+    width_sd: float  # pooled sd over seeds of one width's test error
+    curves: int
+    left_sd: float = np.nan  # pooled sd over seeds of the left contrast alone (dof / 2)
+    right_sd: float = np.nan  # and of the right
+
+    @property
+    def side(self) -> str | None:
+        """The noisier contrast, ``left`` or ``right`` (None without both sides' sds)."""
+        if not (np.isfinite(self.left_sd) and np.isfinite(self.right_sd)):
+            return None
+        return "left" if self.left_sd >= self.right_sd else "right"
+
+    def mde(self, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
+        """The smallest detectable peak over ``k`` seeds from this pilot: from both contrasts' own sds
+        (``mde_sides``) where the pilot measured them, else from ``power_sd``."""
+        if self.dof and self.side is not None:
+            return mde_sides(self.left_sd, self.right_sd, k, alpha, power)
+        return mde(self.power_sd, k, alpha, power)
+
+    @property
+    def power_sd(self) -> float:
+        """The sd the power figure uses: the pilot's larger one-side contrast sd, since a peak needs both one-sided
+        tests to reject and the noisier side sets the joint power (the two sides' pooled sd overstated it: joint power
+        0.68-0.70 at the printed mde with sides of sd 0.039 and 0.007; found 2026-11-29); with no sides' sds, the
+        pooled one; where no pilot curve had a contrast with both neighbours (0 dof), sqrt(2) x one width's sd, the
+        contrast's sd if the two widths' errors were independent (seeds share data and labels across widths, so the
+        paired contrast's true sd is at most this when the errors correlate positively)."""
+        if not self.dof:
+            return float(np.sqrt(2) * self.width_sd)
+        return self.contrast_sd if self.side is None else max(self.left_sd, self.right_sd)
+
+    def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
+        """The ``level`` chi-square interval of ``power_sd`` (NaNs without a contrast): the power figure takes the
+        sd as known, so the smallest detectable peak is uncertain in the same proportion. One side's sd has
+        ``dof / 2`` independent degrees of freedom (each seed of each curve once).
+
+        For the pooled sd of both sides: a seed's left and right contrasts share the centre width's error
+        (correlation 0.5 when the widths' errors are independent), so their ``dof`` squared deviations carry
+        ``dof / (1 + 0.5^2)`` degrees of freedom (the effective dof of two such sample variances pooled); counted as
+        ``dof`` the interval covered 92-93%, with this 95-96% (tests/test_design.py)."""
+        if not self.dof:
+            return np.nan, np.nan
+        a = (1 - level) / 2
+        sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
+        return (float(sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
+                float(sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
+
+    @property
+    def power_source(self) -> str:
+        if self.dof and self.side:
+            other = "right" if self.side == "left" else "left"
+            return (f"the pilot's two contrast sds, {self.side} {self.power_sd:.4f} and {other} "
+                    f"{min(self.left_sd, self.right_sd):.4f} ({self.dof // 2} dof each over {self.curves} curves): a "
+                    "peak needs both one-sided tests, each with the power of its own sd, jointly the stated power "
+                    "(`mde_sides`)")
+        if self.dof:
+            return f"the pilot's contrast sd {self.contrast_sd:.4f} ({self.dof} dof over {self.curves} curves)"
+        return (f"sqrt(2) x the pilot's one-width sd {self.width_sd:.4f} = {self.power_sd:.4f} (no pilot contrast "
+                "had a neighbour on each side)")
+
+
+def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: str = "critical") -> Spread:
+    """Seed spread of the pilot's curves (unflagged runs; runs repeating a (curve, width, seed) averaged into one, with
+    a warning): of the contrast at each curve's threshold, and of a single width's test error, both pooled (sum of
+    squares over degrees of freedom)."""
+    width = width or width_column(df)
+    df = completed_only(df, "spread")
+    df = df[~_flagged(df)]
+    # a run repeating a (curve, width, seed) (the pilot read from two folders, or a width rerun in a second pilot
+    # sweep) is not another seed: counted as one it shrank the sd with inflated dof, and the smallest detectable
+    # peak with it; averaged into one value per seed, as every table and fit does
+    df = one_run_per_seed(df, [*curve_keys(df), NOISE, width], ["test_error", "train_error"], "spread")
+    ss_c = dof_c = ss_w = dof_w = curves = 0
+    ss_side = {"left": 0.0, "right": 0.0}
+    for _, c in df.groupby([*curve_keys(df), NOISE], dropna=False):
+        for _, g in c.groupby(width):
+            if g["test_error"].count() > 1:
+                ss_w += g["test_error"].var() * (g["test_error"].count() - 1)
+                dof_w += g["test_error"].count() - 1
+        t = center(c, width, tol, rule)
+        if not np.isfinite(t):
+            continue
+        d, _ = peak_contrast(c, width, t)
+        if len(d) > 1:
+            for side in ("left", "right"):
+                ss_side[side] += d[side].var() * (len(d) - 1)
+                ss_c += d[side].var() * (len(d) - 1)
+                dof_c += len(d) - 1
+            curves += 1
+    sides = {s: float(np.sqrt(2 * v / dof_c)) if dof_c else np.nan for s, v in ss_side.items()}
+    return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
+                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"])
+
+
+def _contrast_test(d: pd.DataFrame, lo, hi, never: bool, tol: float, pilot_sd: float | Spread, alpha: float
+                   ) -> tuple[int, float, pd.Series, float, float, str | None]:
+    """The paired one-sided tests on per-seed contrasts ``d`` (``peak_contrast``): (seeds, the intersection-union p,
+    the contrasts' means, the height (the smaller mean), the smallest detectable peak with these seeds, why there is
+    no p where there is none)."""
+    k = len(d)
+    p = np.nan
+    no_p = (f"no width interpolates (mean train error <= {tol} at none): the threshold lies past the grid's "
+            "widest model" if never else None)
+    if k >= 2 and (d.std() > 0).all():
+        p = max(float(stats.ttest_1samp(d[s].to_numpy(), 0.0, alternative="greater").pvalue) for s in ("left", "right"))
+    elif lo is not None and hi is not None:
+        no_p = (f"{k} seed{'s have' if k != 1 else ' has'} the three tested widths: the paired t-test needs 2 or "
+                "more" if k < 2 else "a contrast is the same in every seed: the paired t-test needs a spread; "
+                "check that the seeds differ")
+    means = d.mean() if k else pd.Series({"left": np.nan, "right": np.nan})
+    height = float(min(means["left"], means["right"]))
+    detectable = pilot_sd.mde(k, alpha) if isinstance(pilot_sd, Spread) else mde(pilot_sd, k, alpha)
+    return k, p, means, height, detectable, no_p
