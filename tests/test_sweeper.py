@@ -236,7 +236,10 @@ def test_a_grid_study_resumed_with_another_grid_is_refused_and_its_own_grid_stil
     sweep(tmp_path, *grid, "hydra.sweeper.n_trials=2")
     for changed, named in [(["x=choice(0,1)", "y=choice(0)"], "y: [0, 1] -> [0]"),
                            (["x=choice(0,1)", "y=choice(0,1,2)"], "y: [0, 1] -> [0, 1, 2]"),
-                           (["x=choice(0,1)"], "y: [0, 1] -> (not swept)")]:
+                           (["x=choice(0,1)"], "y: [0, 1] -> (not swept)"),
+                           # review 2026-11-29 (session 53, sweeper): equal under == but other points to the claim
+                           # loop (keyed by repr), it ran (1, y) twice as (1.0, y), never ran (0, y), and said done
+                           (["x=choice(0.0,1.0)", "y=choice(0,1)"], "x: [0, 1] -> [0.0, 1.0]")]:
         proc = sweep(tmp_path, "hydra/sweeper/sampler=grid", *changed, "hydra.sweeper.n_trials=4", check=False)
         assert proc.returncode != 0 and named in proc.stderr and "hydra.sweeper.study_name" in proc.stderr, \
             (changed, proc.stderr[-2000:])

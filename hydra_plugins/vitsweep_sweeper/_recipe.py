@@ -90,7 +90,9 @@ class RecipeChecks:
 
         def show(values):
             return "(not swept)" if values is None else "[" + ", ".join(map(str, values)) + "]"
-        changed = [k for k in sorted(saved.keys() | self.grid.keys()) if saved.get(k) != self.grid.get(k)]
+        def typed(values):  # 0 and 0.0 are equal, but other points to the claim loop (point_key compares reprs)
+            return None if values is None else [repr(v) for v in values]
+        changed = [k for k in sorted(saved.keys() | self.grid.keys()) if typed(saved.get(k)) != typed(self.grid.get(k))]
         diff = [f"{k}: {show(saved.get(k))} -> {show(self.grid.get(k))}" for k in changed]
         if diff:
             raise ValueError(
