@@ -6,6 +6,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
@@ -26,6 +27,19 @@ def group_label(by: list[str], key) -> str:
         else:
             parts.append(f"{k.split('.')[-1]}={format_value(v) if isinstance(v, float) else v}")
     return ", ".join(parts) or "all runs"
+
+
+# one colour per group: tab10's ten, then tab20's ten lighter ones; from the 11th group on a marker as well (a light
+# colour beside its dark one is told apart by it), and past 20 groups the colours come round with another marker
+_TAB20 = [mcolors.to_hex(c) for c in plt.get_cmap("tab20").colors]
+PALETTE = (*_TAB20[0::2], *_TAB20[1::2])
+GROUP_MARKERS = (None, "^", "s", "D", "v", "P", "X", "*")
+
+
+def group_style(i: int) -> tuple[str, str | None]:
+    """(colour, marker or None) of the ``i``-th group of a figure: no two groups up to 20 share a colour, and none
+    up to 80 share both (``analysis.report.MAX_GROUPS`` is 12)."""
+    return PALETTE[i % len(PALETTE)], GROUP_MARKERS[(i // 10) % len(GROUP_MARKERS)]
 
 
 def _groups(df: pd.DataFrame, by: list[str]):
@@ -49,17 +63,20 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
     require_columns(hist, x, "test_error", "test_loss", *by)
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (label, g) in enumerate(_groups(hist, by)):
-        color = f"C{i % 10}"
+        color, own = group_style(i)
         means = g.groupby(x).mean(numeric_only=True)
-        marker = "o" if len(means) < 2 else None  # a run evaluated once is a point, not an invisible line
+        marker = own or ("o" if len(means) < 2 else None)  # a run evaluated once is a point, not an invisible line
+        every = max(1, len(means) // 8) if own else None  # a group's marker, not a marker per epoch
         for split, style in (("test", "-"), ("train", "--")):
             # epochs where a split was not scored (trainer.test_every) are dropped, so the scored ones join up
             if f"{split}_error" in means:
                 err = means[f"{split}_error"].dropna()
-                ax_acc.plot(err.index, 100 * (1 - err), style, color=color, marker=marker, label=f"{label} ({split})")
+                ax_acc.plot(err.index, 100 * (1 - err), style, color=color, marker=marker, markevery=every,
+                            label=f"{label} ({split})")
             if f"{split}_loss" in means:
                 loss = means[f"{split}_loss"].dropna()
-                ax_loss.plot(loss.index, loss, style, color=color, marker=marker, label=f"{label} ({split})")
+                ax_loss.plot(loss.index, loss, style, color=color, marker=marker, markevery=every,
+                             label=f"{label} ({split})")
     ax_acc.set(xlabel=x, ylabel="accuracy (%)", title="accuracy per epoch (mean over seeds)")
     ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
     ax_acc.legend(fontsize=7)
@@ -81,9 +98,10 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
         for k, v in zip(by, key, strict=True):
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
-        color = f"C{i % 10}"
+        color, own = group_style(i)
         g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
-        ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt="o", color=color, capsize=3)
+        ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt=own or "o", color=color,
+                    capsize=3)
         seeds = _seed_points(df, by, key) if by else df[df["status"] == "completed"] if "status" in df else df
         if seeds is not None and len(seeds):
             ax.plot(seeds[x], seeds[y], ".", color=color, alpha=0.4, ms=4, label=f"_seeds {i}")
@@ -136,7 +154,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     groups = [(group_label(keys, k), k, g) for k, g in curves.groupby(keys, dropna=False, sort=True)]
     for i, (label, key, c) in enumerate(groups):
-        color = f"C{i % 10}"
+        color, own = group_style(i)
         c = c.sort_values(width)
         seeds = _seed_points(runs, keys, key)
         if seeds is not None and len(seeds):
@@ -146,7 +164,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
         for ax, col, style, what in [*lines, (axes[1], "test", "-", "")]:
             m, s = c[f"{col}_mean"].to_numpy(float), c[f"{col}_std"].fillna(0).to_numpy(float)
             name = f"{label} ({what})" if what and len(lines) > 1 else label
-            ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
+            ax.plot(c[width], 100 * m, style, marker=own or "o", color=color, label=name, ms=4 if own else 3)
             if style == "-":
                 ax.fill_between(c[width], 100 * np.clip(m - s, 0, 1), 100 * np.clip(m + s, 0, 1), color=color,
                                 alpha=0.15)
@@ -191,7 +209,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
     labels = [group_label(by, tuple(r)) for r in table[by].itertuples(index=False)] if by else ["all runs"]
     hue = table[by[-1]].astype(str) if by else None  # colour = value of the last key, named in the legend
     levels = list(dict.fromkeys(hue)) if hue is not None else ["all runs"]
-    colors = [f"C{levels.index(v) % 10}" for v in hue] if hue is not None else ["C0"] * len(table)
+    colors = [group_style(levels.index(v))[0] for v in hue] if hue is not None else [group_style(0)[0]] * len(table)
     pos = np.arange(len(table))
     for ax, m in zip(axes[0], metrics, strict=True):
         header, kind = METRICS.get(m, (m, "num"))
@@ -203,7 +221,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
         if kind == "pct":
             lo = np.nanmin(scale * (table[f"{m}_mean"] - table[f"{m}_std"].fillna(0)))
             ax.set_ylim(max(0.0, lo - 0.1 * (100 - lo)), 100)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(levels))]
+        handles = [plt.Rectangle((0, 0), 1, 1, color=group_style(i)[0]) for i in range(len(levels))]
         ax.legend(handles, levels, title=by[-1] if by else None, fontsize=7, title_fontsize=7,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_figure(fig, out)

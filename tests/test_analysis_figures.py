@@ -1,0 +1,71 @@
+"""The figures and the tables they share numbers with (review of 2026-11-29, session 53, figures review): every
+group its own colour, history means honest about runs that stopped, spiked runs counted and marked, and no two
+recipes pooled into one curve."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.colors as mcolors  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from analysis import figures  # noqa: E402
+
+MAX_GROUPS = 12  # analysis.report.MAX_GROUPS: the curves a report figure draws at most
+
+
+def _capture(monkeypatch) -> dict:
+    kept = {}
+    real = figures.save_figure
+
+    def keep(fig, out):
+        kept["fig"] = fig
+        fig.canvas.draw()
+        return real(fig, out)
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return kept
+
+
+def _look(line) -> tuple:
+    return mcolors.to_hex(line.get_color()), line.get_linestyle(), line.get_marker()
+
+
+@pytest.mark.parametrize("n", [MAX_GROUPS, 20])
+def test_every_history_group_has_its_own_look(tmp_path, monkeypatch, n):
+    """Groups 11 and 12 of a 12-group figure drew in groups 1 and 2's colour and style (``C{i % 10}``)."""
+    hist = pd.DataFrame([{"epoch": e, "model.width": w, "run_dir": f"r{w}", "test_error": 0.5, "test_loss": 1.0,
+                          "train_error": 0.4, "train_loss": 0.9} for w in range(1, n + 1) for e in (1, 2, 3)])
+    kept = _capture(monkeypatch)
+    figures.plot_history(hist, ["model.width"], tmp_path / "h.png")
+    for ax in kept["fig"].axes:
+        looks = {}
+        for line in ax.get_lines():
+            if line.get_label().startswith("_"):
+                continue
+            looks.setdefault(_look(line), []).append(line.get_label())
+        assert len(looks) == 2 * n, {k: v for k, v in looks.items() if len(v) > 1}
+
+
+def test_every_double_descent_group_has_its_own_colour(tmp_path, monkeypatch):
+    from analysis.double_descent import descent_curves, descent_summary
+
+    rows = [{"model.width": w, "label_noise.p": p / 100, "seed": s, "status": "completed",
+             "test_error": 0.5 - 0.01 * w, "train_error": 0.3 / w}
+            for p in range(MAX_GROUPS) for w in (1, 2, 4) for s in (0, 1)]
+    curves = descent_curves(pd.DataFrame(rows))
+    kept = _capture(monkeypatch)
+    figures.plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png")
+    test_ax = kept["fig"].axes[1]
+    means = [ln for ln in test_ax.get_lines() if not ln.get_label().startswith("_") and "peak" not in
+             ln.get_label() and "bump" not in ln.get_label()]
+    assert len(means) == MAX_GROUPS
+    assert len({_look(ln) for ln in means}) == MAX_GROUPS
+
+
+def test_every_bar_level_has_its_own_colour(tmp_path, monkeypatch):
+    table = pd.DataFrame({"model.width": range(MAX_GROUPS), "test_acc_mean": 0.5, "test_acc_std": 0.01})
+    kept = _capture(monkeypatch)
+    figures.plot_bars(table, ["model.width"], tmp_path / "b.png", metrics=("test_acc",))
+    bars = kept["fig"].axes[0].patches
+    assert len({mcolors.to_hex(b.get_facecolor()) for b in bars}) == MAX_GROUPS
