@@ -58,27 +58,60 @@ def save_figure(fig, out: str | Path) -> Path:
     return out
 
 
+FADED = 0.35  # alpha of a history mean over fewer runs than its group has
+STILL_TRAINING = "faded: mean over the runs still training (some of the group had stopped)"
+
+
+def _readings(g: pd.DataFrame, x: str, col: str) -> tuple[pd.Series, pd.Series]:
+    """Per ``x`` with a reading of ``col`` in group ``g``: the mean over the runs read there, and whether every run of
+    the group was (runs told apart by ``run_dir``; without it the most readings at any ``x`` is the group's count)."""
+    held = g[g[col].notna()]
+    mean = held.groupby(x)[col].mean()
+    if "run_dir" in g:
+        count, runs = held.groupby(x)["run_dir"].nunique(), g["run_dir"].nunique()
+    else:
+        count = held.groupby(x)[col].size()
+        runs = count.max() if len(count) else 0
+    return mean, count.reindex(mean.index).fillna(0) >= runs
+
+
+def _plot_mean(ax, mean: pd.Series, complete: pd.Series, style: str, label: str, **kw) -> bool:
+    """The mean solid (or ``style``) where every run has a reading, faded where some had stopped, the two joined;
+    returns whether a faded part was drawn."""
+    ax.plot(mean.index, mean.where(complete), style, label=label, **kw)
+    partial = ~complete.to_numpy()
+    if not partial.any():
+        return False
+    near = partial | np.r_[partial[1:], False] | np.r_[False, partial[:-1]]  # joined to the solid part beside it
+    ax.plot(mean.index[near], mean[near], style, alpha=FADED, label=f"_{label} (runs still training)", **kw)
+    return True
+
+
 def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "epoch") -> Path:
-    """Accuracy and loss per epoch, mean over seeds per group; solid = test, dashed = train."""
+    """Accuracy and loss per epoch, mean over seeds per group; solid = test, dashed = train. The mean is drawn so only
+    over the epochs every run of its group reached: past the end of a group's first run to stop it is the mean over
+    the runs still training (it "improves" as the worse runs stop), drawn faded, and the titles say so."""
     require_columns(hist, x, "test_error", "test_loss", *by)
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    faded = False
     for i, (label, g) in enumerate(_groups(hist, by)):
         color, own = group_style(i)
-        means = g.groupby(x).mean(numeric_only=True)
-        marker = own or ("o" if len(means) < 2 else None)  # a run evaluated once is a point, not an invisible line
-        every = max(1, len(means) // 8) if own else None  # a group's marker, not a marker per epoch
+        epochs = g[x].nunique()
+        marker = own or ("o" if epochs < 2 else None)  # a run evaluated once is a point, not an invisible line
+        kw = dict(color=color, marker=marker, markevery=max(1, epochs // 8) if own else None)
         for split, style in (("test", "-"), ("train", "--")):
             # epochs where a split was not scored (trainer.test_every) are dropped, so the scored ones join up
-            if f"{split}_error" in means:
-                err = means[f"{split}_error"].dropna()
-                ax_acc.plot(err.index, 100 * (1 - err), style, color=color, marker=marker, markevery=every,
-                            label=f"{label} ({split})")
-            if f"{split}_loss" in means:
-                loss = means[f"{split}_loss"].dropna()
-                ax_loss.plot(loss.index, loss, style, color=color, marker=marker, markevery=every,
-                             label=f"{label} ({split})")
-    ax_acc.set(xlabel=x, ylabel="accuracy (%)", title="accuracy per epoch (mean over seeds)")
-    ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
+            if f"{split}_error" in g:
+                err, complete = _readings(g, x, f"{split}_error")
+                faded |= _plot_mean(ax_acc, 100 * (1 - err), complete, style, f"{label} ({split})", **kw)
+            if f"{split}_loss" in g:
+                loss, complete = _readings(g, x, f"{split}_loss")
+                faded |= _plot_mean(ax_loss, loss, complete, style, f"{label} ({split})", **kw)
+    note = f"\n{STILL_TRAINING}" if faded else ""
+    ax_acc.set(xlabel=x, ylabel="accuracy (%)")
+    ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log")
+    ax_acc.set_title(f"accuracy per epoch (mean over seeds){note}", fontsize=9 if faded else None)
+    ax_loss.set_title(f"loss per epoch (mean over seeds){note}", fontsize=9 if faded else None)
     ax_acc.legend(fontsize=7)
     ax_loss.legend(fontsize=7)
     return save_figure(fig, out)

@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.colors as mcolors  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
@@ -69,3 +70,44 @@ def test_every_bar_level_has_its_own_colour(tmp_path, monkeypatch):
     figures.plot_bars(table, ["model.width"], tmp_path / "b.png", metrics=("test_acc",))
     bars = kept["fig"].axes[0].patches
     assert len({mcolors.to_hex(b.get_facecolor()) for b in bars}) == MAX_GROUPS
+
+
+def _history_two_runs(stop_b: int = 3) -> pd.DataFrame:
+    """Group w=1: run a trains 5 epochs, run b stops after ``stop_b`` with a far higher loss; group w=2: two runs of
+    5 epochs each."""
+    rows = []
+    for w, run, last, loss in ((1, "a", 5, 0.01), (1, "b", stop_b, 1.0), (2, "c", 5, 0.5), (2, "d", 5, 0.5)):
+        rows += [{"epoch": e, "w": w, "run_dir": f"{run}", "test_error": loss / 2, "test_loss": loss,
+                  "train_error": loss / 4, "train_loss": loss / 2} for e in range(1, last + 1)]
+    return pd.DataFrame(rows)
+
+
+def test_history_mean_is_solid_only_while_every_run_of_the_group_trains(tmp_path, monkeypatch):
+    """A mean over the runs still training "falls" as the worse runs stop (CIFAR-10 main, width 12: 8 runs -> 1 by
+    epoch 175): drawn solid, it read as the seeds' mean getting better. Solid only over the epochs every run of the
+    group reached; beyond, faded, and the figure says what the faded part is."""
+    kept = _capture(monkeypatch)
+    figures.plot_history(_history_two_runs(), ["w"], tmp_path / "h.png")
+    for ax in kept["fig"].axes:
+        named = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+        for split in ("test", "train"):
+            line = named[f"w=1 ({split})"]
+            x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+            assert list(x[np.isfinite(y)]) == [1, 2, 3], "solid only where both runs have a reading"
+            faded = [ln for ln in ax.get_lines() if ln.get_label().startswith("_") and ln.get_color() ==
+                     line.get_color() and ln.get_linestyle() == line.get_linestyle()]
+            assert len(faded) == 1 and faded[0].get_alpha() < 1
+            assert list(faded[0].get_xdata()) == [3, 4, 5]  # joined to the solid part, then the runs still training
+            full = named[f"w=2 ({split})"]  # both runs to the end: solid throughout, nothing faded
+            assert np.isfinite(np.asarray(full.get_ydata(), float)).all()
+            assert not [ln for ln in ax.get_lines() if ln.get_label().startswith("_") and ln.get_color() ==
+                        full.get_color()]
+        assert "still training" in ax.get_title()
+
+
+def test_history_without_early_stops_says_nothing_of_faded_means(tmp_path, monkeypatch):
+    kept = _capture(monkeypatch)
+    figures.plot_history(_history_two_runs(stop_b=5), ["w"], tmp_path / "h.png")
+    for ax in kept["fig"].axes:
+        assert "still training" not in ax.get_title()
+        assert all(np.isfinite(np.asarray(ln.get_ydata(), float)).all() for ln in ax.get_lines())
