@@ -62,9 +62,10 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
 
     Columns ``train_mean/std``, ``test_mean/std``, ``n_seeds``, plus ``train_clean_mean/std`` and
     ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``, and
-    ``n_stalled`` / ``n_low_lr_stop`` / ``n_capped`` (seeds with that flag, see ``analysis.load.result_flags``;
-    capped: at the epoch cap before a convergence rule fired) when the runs carry the flags. Stalled runs are results
-    and are in the means; pass ``df[~df['stalled']]`` for the curve without them."""
+    ``n_stalled`` / ``n_low_lr_stop`` / ``n_capped`` / ``n_ended_in_spike`` (seeds with that flag, see
+    ``analysis.load.result_flags``; capped: at the epoch cap before a convergence rule fired; ended in a spike: read
+    at final errors inside a loss spike) when the runs carry the flags. Stalled and spiked runs are results and are
+    in the means; pass ``df[~df['stalled']]`` for the curve without the stalled ones."""
     width = width or width_column(df)
     by = list(by or [])
     require_columns(df, width, noise, train, test, *by)

@@ -181,7 +181,9 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
     The train panel draws the error against the labels trained on (solid) and, when the runs recorded
     them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
     Peaks that stand above the seed spread get a black cross, bumps within noise (or made of stalled runs) a grey
-    circle; points that average in stalled seeds (train error at chance) a hollow square on both panels."""
+    circle; points that average in stalled seeds (train error at chance) a hollow square on both panels, and points
+    that average in seeds that ended inside a loss spike (``n_ended_in_spike``: read at their final errors) a hollow
+    diamond."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     keys = [*by, noise]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
@@ -206,6 +208,11 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             for ax, col in ((axes[0], "train"), (axes[1], "test")):
                 ax.plot(st[width], 100 * st[f"{col}_mean"], "s", ms=8, mfc="none", color=color,
                         label=f"{label}: with stalled or collapsed seeds")
+        if "n_ended_in_spike" in c and (c["n_ended_in_spike"] > 0).any():  # means with a seed read inside a spike
+            sp = c[c["n_ended_in_spike"] > 0]
+            for ax, col in ((axes[0], "train"), (axes[1], "test")):
+                ax.plot(sp[width], 100 * sp[f"{col}_mean"], "D", ms=9, mfc="none", color=color,
+                        label=f"{label}: with seeds ended inside a loss spike")
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
         sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)

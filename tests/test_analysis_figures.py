@@ -111,3 +111,53 @@ def test_history_without_early_stops_says_nothing_of_faded_means(tmp_path, monke
     for ax in kept["fig"].axes:
         assert "still training" not in ax.get_title()
         assert all(np.isfinite(np.asarray(ln.get_ydata(), float)).all() for ln in ax.get_lines())
+
+
+def _spiked_runs() -> pd.DataFrame:
+    """Widths 1, 2, 4 at noise 0.2, three seeds; seed 2 at width 2 ended inside a loss spike (read at its final
+    errors, 0.30 train and 0.70 test, against 0.05 and 0.40 for the others)."""
+    rows = []
+    for w in (1, 2, 4):
+        for s in range(3):
+            spiked = w == 2 and s == 2
+            rows.append({"model.width": w, "label_noise.p": 0.2, "seed": s, "status": "completed",
+                         "train_error": 0.30 if spiked else 0.05, "test_error": 0.70 if spiked else 0.40,
+                         "stalled": False, "ended_in_spike": spiked})
+    return pd.DataFrame(rows)
+
+
+def test_runs_ended_inside_a_spike_are_counted_per_point_and_kept_in_the_means():
+    """They are results read at their final errors, in the means as declared; the tables count them as they count
+    stalled runs (they were averaged in with no count)."""
+    from analysis.double_descent import descent_curves
+    from analysis.tables import format_table, summary_table
+
+    runs = _spiked_runs()
+    curves = descent_curves(runs).set_index("model.width")
+    assert curves["n_ended_in_spike"].to_dict() == {1: 0, 2: 1, 4: 0}
+    assert curves.loc[2, "test_mean"] == pytest.approx(0.5)  # (0.4 + 0.4 + 0.7) / 3: kept in the mean
+    table = summary_table(runs, by=["model.width"])
+    assert table.set_index("model.width")["n_ended_in_spike"].to_dict() == {1: 0, 2: 1, 4: 0}
+    shown = format_table(table)
+    assert shown["ended in a spike"].tolist() == [0, 1, 0]
+    assert "n_ended_in_spike" not in shown  # the count shows under its header, not as a metric
+
+
+def test_the_double_descent_figure_marks_points_with_seeds_ended_inside_a_spike(tmp_path, monkeypatch):
+    from analysis.double_descent import descent_curves, descent_summary
+
+    runs = _spiked_runs()
+    curves = descent_curves(runs)
+    kept = _capture(monkeypatch)
+    figures.plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png", runs=runs)
+    for ax, col in zip(kept["fig"].axes, ("train", "test"), strict=True):
+        marks = [ln for ln in ax.get_lines() if "loss spike" in ln.get_label()]
+        assert len(marks) == 1
+        mark = marks[0]
+        assert list(mark.get_xdata()) == [2]
+        assert list(mark.get_ydata()) == pytest.approx([100 * curves.set_index("model.width").loc[2, f"{col}_mean"]])
+        assert mark.get_marker() not in ("s", "o", ".") and mark.get_markerfacecolor() == "none"
+    clean = descent_curves(runs.assign(ended_in_spike=False))
+    kept = _capture(monkeypatch)
+    figures.plot_double_descent(clean, descent_summary(clean), tmp_path / "dd2.png", runs=runs)
+    assert not [ln for ax in kept["fig"].axes for ln in ax.get_lines() if "loss spike" in ln.get_label()]
