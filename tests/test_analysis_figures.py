@@ -161,3 +161,34 @@ def test_the_double_descent_figure_marks_points_with_seeds_ended_inside_a_spike(
     kept = _capture(monkeypatch)
     figures.plot_double_descent(clean, descent_summary(clean), tmp_path / "dd2.png", runs=runs)
     assert not [ln for ax in kept["fig"].axes for ln in ax.get_lines() if "loss spike" in ln.get_label()]
+
+
+def _two_recipes() -> pd.DataFrame:
+    """Weight decay 0 on seeds 0-2 and 0.01 on seeds 3-5, at widths 1 and 2: no seed repeats, so
+    ``one_run_per_seed`` saw nothing to compare."""
+    rows = [{"model.width": w, "label_noise.p": 0.2, "seed": s, "optimizer.weight_decay": 0.0 if s < 3 else 0.01,
+             "status": "completed", "train_error": 0.1, "test_error": 0.3 if s < 3 else 0.5}
+            for w in (1, 2) for s in range(6)]
+    df = pd.DataFrame(rows)
+    df.attrs["config_columns"] = ["model.width", "label_noise.p", "seed", "optimizer.weight_decay"]
+    return df
+
+
+def test_descent_curves_refuse_two_recipes_on_seeds_that_do_not_overlap():
+    """They pooled into test_mean over six "seeds" of one setting; the learning-curve fit already refused this."""
+    from analysis.double_descent import descent_curves
+
+    runs = _two_recipes()
+    with pytest.raises(ValueError, match=r"optimizer\.weight_decay \(0\.0, 0\.01\).*two recipes.*"
+                                         r"by=\['optimizer\.weight_decay'\]"):
+        descent_curves(runs)
+    apart = descent_curves(runs, by=["optimizer.weight_decay"])  # the fix the message names
+    assert apart["n_seeds"].tolist() == [3, 3, 3, 3]
+    assert apart.groupby("optimizer.weight_decay")["test_mean"].first().to_dict() == pytest.approx(
+        {0.0: 0.3, 0.01: 0.5})
+    one = runs[runs["optimizer.weight_decay"] == 0.0]
+    one.attrs.update(runs.attrs)
+    assert descent_curves(one)["n_seeds"].tolist() == [3, 3]  # one recipe: as before
+    bare = runs.copy()
+    bare.attrs = {}  # a frame that names no config columns is not checked (as one_run_per_seed)
+    assert descent_curves(bare)["n_seeds"].tolist() == [6, 6]
