@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal, stats
 
-from analysis.frames import completed_only, one_run_per_seed, require_columns
+from analysis.frames import completed_only, one_run_per_seed, require_columns, require_one_recipe
 from analysis.tables import FLAGS
 
 WIDTH_KEYS = ("model.width", "model.dim", "model.embed_dim", "model.channels")
@@ -62,9 +62,12 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
 
     Columns ``train_mean/std``, ``test_mean/std``, ``n_seeds``, plus ``train_clean_mean/std`` and
     ``train_noisy_subset_mean/std`` when the runs recorded ``train_error_clean`` / ``train_error_noisy_subset``, and
-    ``n_stalled`` / ``n_low_lr_stop`` / ``n_capped`` (seeds with that flag, see ``analysis.load.result_flags``;
-    capped: at the epoch cap before a convergence rule fired) when the runs carry the flags. Stalled runs are results
-    and are in the means; pass ``df[~df['stalled']]`` for the curve without them."""
+    ``n_stalled`` / ``n_low_lr_stop`` / ``n_capped`` / ``n_ended_in_spike`` (seeds with that flag, see
+    ``analysis.load.result_flags``; capped: at the epoch cap before a convergence rule fired; ended in a spike: read
+    at final errors inside a loss spike) when the runs carry the flags. Stalled and spiked runs are results and are
+    in the means; pass ``df[~df['stalled']]`` for the curve without the stalled ones. Runs of one point that differ in
+    a recipe key (``analysis.frames.require_one_recipe``: weight decay 0 on some seeds, 0.01 on others) are refused:
+    add the key to ``by``."""
     width = width or width_column(df)
     by = list(by or [])
     require_columns(df, width, noise, train, test, *by)
@@ -74,6 +77,7 @@ def descent_curves(df: pd.DataFrame, width: str | None = None, noise: str = "lab
     metrics.update({k: v for k, v in EXTRA_TRAIN.items() if k in df.columns and df[k].notna().any()})
     flags = [f for f in FLAGS if f in df.columns]
     df = df.assign(**{f: df[f].astype(float) for f in flags})
+    require_one_recipe(df, keys, "descent_curves", by=by)  # seeds 0-2 at one recipe, 3-5 at another: two curves
     df = one_run_per_seed(df, keys, [*metrics, *flags], "descent_curves")
     g = df.groupby(keys, dropna=False)
     out = g[list(metrics)].agg(["mean", "std"])

@@ -6,6 +6,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,6 +29,19 @@ def group_label(by: list[str], key) -> str:
     return ", ".join(parts) or "all runs"
 
 
+# one colour per group: tab10's ten, then tab20's ten lighter ones; from the 11th group on a marker as well (a light
+# colour beside its dark one is told apart by it), and past 20 groups the colours come round with another marker
+_TAB20 = [mcolors.to_hex(c) for c in plt.get_cmap("tab20").colors]
+PALETTE = (*_TAB20[0::2], *_TAB20[1::2])
+GROUP_MARKERS = (None, "^", "s", "D", "v", "P", "X", "*")
+
+
+def group_style(i: int) -> tuple[str, str | None]:
+    """(colour, marker or None) of the ``i``-th group of a figure: no two groups up to 20 share a colour, and none
+    up to 80 share both (``analysis.report.MAX_GROUPS`` is 12)."""
+    return PALETTE[i % len(PALETTE)], GROUP_MARKERS[(i // 10) % len(GROUP_MARKERS)]
+
+
 def _groups(df: pd.DataFrame, by: list[str]):
     if not by:
         return [("all runs", df)]
@@ -44,24 +58,60 @@ def save_figure(fig, out: str | Path) -> Path:
     return out
 
 
+FADED = 0.35  # alpha of a history mean over fewer runs than its group has
+STILL_TRAINING = "faded: mean over the runs still training (some of the group had stopped)"
+
+
+def _readings(g: pd.DataFrame, x: str, col: str) -> tuple[pd.Series, pd.Series]:
+    """Per ``x`` with a reading of ``col`` in group ``g``: the mean over the runs read there, and whether every run of
+    the group was (runs told apart by ``run_dir``; without it the most readings at any ``x`` is the group's count)."""
+    held = g[g[col].notna()]
+    mean = held.groupby(x)[col].mean()
+    if "run_dir" in g:
+        count, runs = held.groupby(x)["run_dir"].nunique(), g["run_dir"].nunique()
+    else:
+        count = held.groupby(x)[col].size()
+        runs = count.max() if len(count) else 0
+    return mean, count.reindex(mean.index).fillna(0) >= runs
+
+
+def _plot_mean(ax, mean: pd.Series, complete: pd.Series, style: str, label: str, **kw) -> bool:
+    """The mean solid (or ``style``) where every run has a reading, faded where some had stopped, the two joined;
+    returns whether a faded part was drawn."""
+    ax.plot(mean.index, mean.where(complete), style, label=label, **kw)
+    partial = ~complete.to_numpy()
+    if not partial.any():
+        return False
+    near = partial | np.r_[partial[1:], False] | np.r_[False, partial[:-1]]  # joined to the solid part beside it
+    ax.plot(mean.index[near], mean[near], style, alpha=FADED, label=f"_{label} (runs still training)", **kw)
+    return True
+
+
 def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "epoch") -> Path:
-    """Accuracy and loss per epoch, mean over seeds per group; solid = test, dashed = train."""
+    """Accuracy and loss per epoch, mean over seeds per group; solid = test, dashed = train. The mean is drawn so only
+    over the epochs every run of its group reached: past the end of a group's first run to stop it is the mean over
+    the runs still training (it "improves" as the worse runs stop), drawn faded, and the titles say so."""
     require_columns(hist, x, "test_error", "test_loss", *by)
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    faded = False
     for i, (label, g) in enumerate(_groups(hist, by)):
-        color = f"C{i % 10}"
-        means = g.groupby(x).mean(numeric_only=True)
-        marker = "o" if len(means) < 2 else None  # a run evaluated once is a point, not an invisible line
+        color, own = group_style(i)
+        epochs = g[x].nunique()
+        marker = own or ("o" if epochs < 2 else None)  # a run evaluated once is a point, not an invisible line
+        kw = dict(color=color, marker=marker, markevery=max(1, epochs // 8) if own else None)
         for split, style in (("test", "-"), ("train", "--")):
             # epochs where a split was not scored (trainer.test_every) are dropped, so the scored ones join up
-            if f"{split}_error" in means:
-                err = means[f"{split}_error"].dropna()
-                ax_acc.plot(err.index, 100 * (1 - err), style, color=color, marker=marker, label=f"{label} ({split})")
-            if f"{split}_loss" in means:
-                loss = means[f"{split}_loss"].dropna()
-                ax_loss.plot(loss.index, loss, style, color=color, marker=marker, label=f"{label} ({split})")
-    ax_acc.set(xlabel=x, ylabel="accuracy (%)", title="accuracy per epoch (mean over seeds)")
-    ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log", title="loss per epoch (mean over seeds)")
+            if f"{split}_error" in g:
+                err, complete = _readings(g, x, f"{split}_error")
+                faded |= _plot_mean(ax_acc, 100 * (1 - err), complete, style, f"{label} ({split})", **kw)
+            if f"{split}_loss" in g:
+                loss, complete = _readings(g, x, f"{split}_loss")
+                faded |= _plot_mean(ax_loss, loss, complete, style, f"{label} ({split})", **kw)
+    note = f"\n{STILL_TRAINING}" if faded else ""
+    ax_acc.set(xlabel=x, ylabel="accuracy (%)")
+    ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log")
+    ax_acc.set_title(f"accuracy per epoch (mean over seeds){note}", fontsize=9 if faded else None)
+    ax_loss.set_title(f"loss per epoch (mean over seeds){note}", fontsize=9 if faded else None)
     ax_acc.legend(fontsize=7)
     ax_loss.legend(fontsize=7)
     return save_figure(fig, out)
@@ -81,9 +131,10 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
         for k, v in zip(by, key, strict=True):
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
-        color = f"C{i % 10}"
+        color, own = group_style(i)
         g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
-        ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt="o", color=color, capsize=3)
+        ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt=own or "o", color=color,
+                    capsize=3)
         seeds = _seed_points(df, by, key) if by else df[df["status"] == "completed"] if "status" in df else df
         if seeds is not None and len(seeds):
             ax.plot(seeds[x], seeds[y], ".", color=color, alpha=0.4, ms=4, label=f"_seeds {i}")
@@ -130,13 +181,15 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
     The train panel draws the error against the labels trained on (solid) and, when the runs recorded
     them, against the clean labels (dashed) and on the flipped images against their noisy labels (dotted).
     Peaks that stand above the seed spread get a black cross, bumps within noise (or made of stalled runs) a grey
-    circle; points that average in stalled seeds (train error at chance) a hollow square on both panels."""
+    circle; points that average in stalled seeds (train error at chance) a hollow square on both panels, and points
+    that average in seeds that ended inside a loss spike (``n_ended_in_spike``: read at their final errors) a hollow
+    diamond."""
     width, noise, by = curves.attrs["width"], curves.attrs["noise"], curves.attrs["by"]
     keys = [*by, noise]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     groups = [(group_label(keys, k), k, g) for k, g in curves.groupby(keys, dropna=False, sort=True)]
     for i, (label, key, c) in enumerate(groups):
-        color = f"C{i % 10}"
+        color, own = group_style(i)
         c = c.sort_values(width)
         seeds = _seed_points(runs, keys, key)
         if seeds is not None and len(seeds):
@@ -146,7 +199,7 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
         for ax, col, style, what in [*lines, (axes[1], "test", "-", "")]:
             m, s = c[f"{col}_mean"].to_numpy(float), c[f"{col}_std"].fillna(0).to_numpy(float)
             name = f"{label} ({what})" if what and len(lines) > 1 else label
-            ax.plot(c[width], 100 * m, style, marker="o", color=color, label=name, ms=3)
+            ax.plot(c[width], 100 * m, style, marker=own or "o", color=color, label=name, ms=4 if own else 3)
             if style == "-":
                 ax.fill_between(c[width], 100 * np.clip(m - s, 0, 1), 100 * np.clip(m + s, 0, 1), color=color,
                                 alpha=0.15)
@@ -155,6 +208,11 @@ def plot_double_descent(curves: pd.DataFrame, summary: pd.DataFrame | None, out:
             for ax, col in ((axes[0], "train"), (axes[1], "test")):
                 ax.plot(st[width], 100 * st[f"{col}_mean"], "s", ms=8, mfc="none", color=color,
                         label=f"{label}: with stalled or collapsed seeds")
+        if "n_ended_in_spike" in c and (c["n_ended_in_spike"] > 0).any():  # means with a seed read inside a spike
+            sp = c[c["n_ended_in_spike"] > 0]
+            for ax, col in ((axes[0], "train"), (axes[1], "test")):
+                ax.plot(sp[width], 100 * sp[f"{col}_mean"], "D", ms=9, mfc="none", color=color,
+                        label=f"{label}: with seeds ended inside a loss spike")
     if summary is not None:
         peaks = summary.dropna(subset=["peak_width"])
         sig = peaks["peak_significant"].astype(bool) if "peak_significant" in peaks else pd.Series(True, peaks.index)
@@ -191,7 +249,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
     labels = [group_label(by, tuple(r)) for r in table[by].itertuples(index=False)] if by else ["all runs"]
     hue = table[by[-1]].astype(str) if by else None  # colour = value of the last key, named in the legend
     levels = list(dict.fromkeys(hue)) if hue is not None else ["all runs"]
-    colors = [f"C{levels.index(v) % 10}" for v in hue] if hue is not None else ["C0"] * len(table)
+    colors = [group_style(levels.index(v))[0] for v in hue] if hue is not None else [group_style(0)[0]] * len(table)
     pos = np.arange(len(table))
     for ax, m in zip(axes[0], metrics, strict=True):
         header, kind = METRICS.get(m, (m, "num"))
@@ -203,7 +261,7 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
         if kind == "pct":
             lo = np.nanmin(scale * (table[f"{m}_mean"] - table[f"{m}_std"].fillna(0)))
             ax.set_ylim(max(0.0, lo - 0.1 * (100 - lo)), 100)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i % 10}") for i in range(len(levels))]
+        handles = [plt.Rectangle((0, 0), 1, 1, color=group_style(i)[0]) for i in range(len(levels))]
         ax.legend(handles, levels, title=by[-1] if by else None, fontsize=7, title_fontsize=7,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_figure(fig, out)

@@ -79,9 +79,26 @@ def recipe_columns(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
             and not any(k == r or k.startswith(r + ".") for r in NOT_RECIPE)]
 
 
-def _recipe_differences(df: pd.DataFrame, cols: list[str]) -> dict[str, list[str]]:
-    """Config keys (runtime keys aside) whose value differs within a group of ``cols`` -> the values seen."""
-    keys = recipe_columns(df, cols)
+def require_one_recipe(df: pd.DataFrame, keys: list[str], who: str, by: list[str] | None = None,
+                       seed_col: str = "seed") -> None:
+    """Refuse runs of one group of ``keys`` (one point of a curve, one row of a table) that differ in a recipe key
+    (:func:`recipe_columns`; the seed aside): weight decay 0 on seeds 0-2 and 0.01 on seeds 3-5 would read as one
+    setting of six seeds. :func:`one_run_per_seed` finds two recipes only among repeats of one seed, so seeds that do
+    not overlap passed it (review 2026-11-29 session 53, figures review); ``analysis.fit_inputs`` refuses them in a
+    learning-curve fit likewise. ``by``: the caller's grouping argument, which the message extends (default ``keys``).
+    A frame without ``config_columns`` is not checked."""
+    differ = _recipe_differences(df, keys, exclude=(seed_col,))
+    if differ:
+        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        raise ValueError(f"{who}: runs of one ({', '.join(keys)}) differ in {named}: two recipes, which one point "
+                         f"would average as one setting's seeds; keep them apart (add {', '.join(differ)} to the "
+                         f"groupby: by={[*(keys if by is None else by), *differ]!r}) or read one study's folders")
+
+
+def _recipe_differences(df: pd.DataFrame, cols: list[str], exclude: Iterable[str] = ()) -> dict[str, list[str]]:
+    """Config keys (runtime keys and ``exclude`` aside) whose value differs within a group of ``cols`` -> the values
+    seen."""
+    keys = recipe_columns(df, [*cols, *exclude])
     out = {}
     for k in keys:
         v = df[k].map(_norm)

@@ -22,8 +22,11 @@ METRICS = {
 }
 
 
-# run flags counted per row of a table: column -> header
-FLAGS = {"stalled": "stalled", "low_lr_stop": "low-lr stops", "capped": "at the cap"}
+# run flags counted per row of a table: column -> header. ``ended_in_spike`` (``analysis.load.result_flags``): a
+# run whose final train error lies well above its recent ones, read inside a loss spike; a result at its final
+# errors, in the means like the stalled runs, and counted as they are
+FLAGS = {"stalled": "stalled", "low_lr_stop": "low-lr stops", "capped": "at the cap",
+         "ended_in_spike": "ended in a spike"}
 
 
 def with_accuracies(df: pd.DataFrame) -> pd.DataFrame:
@@ -40,8 +43,8 @@ def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | No
     """Numeric table: the ``by`` columns, ``<metric>_mean`` and ``<metric>_std`` per metric, ``n_seeds``
     (runs repeating a seed of one setting are averaged first and count once), ``<metric>_count`` for a metric that
     some seeds lack (its mean and std are over that many), and per flag in ``FLAGS`` that the
-    runs carry, ``n_<flag>``: how many of those seeds' runs have it (stalled runs are results and are in the means).
-    """
+    runs carry, ``n_<flag>``: how many of those seeds' runs have it (stalled runs, and runs that ended inside a loss
+    spike, are results and are in the means)."""
     by = [by] if isinstance(by, str) else list(by)
     df = with_accuracies(df)
     metrics = metrics or [m for m in METRICS if m in df.columns]
