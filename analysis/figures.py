@@ -1,6 +1,7 @@
 """Figures as PNG files (matplotlib, Agg backend): every axis labelled, every curve in a legend."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -58,6 +59,8 @@ def save_figure(fig, out: str | Path) -> Path:
     return out
 
 
+LEGEND_COLUMNS = 2  # history legends sit below their panel, this many entries a row
+LEGEND_ROW_IN = 0.16  # inches of figure height a legend row takes (fontsize 7)
 FADED = 0.35  # alpha of a history mean over fewer runs than its group has
 STILL_TRAINING = "faded: mean over the runs still training (some of the group had stopped)"
 
@@ -92,9 +95,11 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
     over the epochs every run of its group reached: past the end of a group's first run to stop it is the mean over
     the runs still training (it "improves" as the worse runs stop), drawn faded, and the titles say so."""
     require_columns(hist, x, "test_error", "test_loss", *by)
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    groups = list(_groups(hist, by))
+    rows = math.ceil(2 * len(groups) / LEGEND_COLUMNS)  # a test and a train entry a group
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2 + LEGEND_ROW_IN * rows))
     faded = False
-    for i, (label, g) in enumerate(_groups(hist, by)):
+    for i, (label, g) in enumerate(groups):
         color, own = group_style(i)
         epochs = g[x].nunique()
         marker = own or ("o" if epochs < 2 else None)  # a run evaluated once is a point, not an invisible line
@@ -112,8 +117,8 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
     ax_loss.set(xlabel=x, ylabel="cross-entropy loss", yscale="log")
     ax_acc.set_title(f"accuracy per epoch (mean over seeds){note}", fontsize=9 if faded else None)
     ax_loss.set_title(f"loss per epoch (mean over seeds){note}", fontsize=9 if faded else None)
-    ax_acc.legend(fontsize=7)
-    ax_loss.legend(fontsize=7)
+    for ax in (ax_acc, ax_loss):  # below the axes, the figure taller by its rows: inside, it hid the curves
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=LEGEND_COLUMNS)
     return save_figure(fig, out)
 
 

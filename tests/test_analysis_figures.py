@@ -10,6 +10,7 @@ import matplotlib.colors as mcolors  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from analysis import figures  # noqa: E402
 
@@ -46,6 +47,23 @@ def test_every_history_group_has_its_own_look(tmp_path, monkeypatch, n):
                 continue
             looks.setdefault(_look(line), []).append(line.get_label())
         assert len(looks) == 2 * n, {k: v for k, v in looks.items() if len(v) > 1}
+
+
+def test_a_history_legend_hides_no_curve_and_shows_every_entry(tmp_path, monkeypatch):
+    """Review 2026-11-29 (session 53): a 12-group history figure's legends (24 entries) sat inside the axes, over
+    the curves, and ran off the bottom of the figure (the last entries cut off)."""
+    hist = pd.DataFrame([{"epoch": e, "model.width": w, "run_dir": f"r{w}", "test_error": 0.5, "test_loss": 1.0,
+                          "train_error": 0.4, "train_loss": 0.9} for w in range(1, MAX_GROUPS + 1) for e in (1, 2, 3)])
+    kept = _capture(monkeypatch)
+    figures.plot_history(hist, ["model.width"], tmp_path / "h.png")
+    fig = kept["fig"]  # laid out and saved; closed, so drawn again on a canvas of its own
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    page = fig.bbox
+    for ax in fig.axes:
+        box, plot = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert len(ax.get_legend().get_texts()) == 2 * MAX_GROUPS
+        assert box.y1 <= plot.y0, "the legend overlaps its axes"
+        assert box.y0 >= page.y0 and box.x0 >= page.x0 and box.x1 <= page.x1, "the legend runs off the figure"
 
 
 def test_every_double_descent_group_has_its_own_colour(tmp_path, monkeypatch):
