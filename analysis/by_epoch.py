@@ -16,8 +16,8 @@ import pandas as pd
 
 from analysis.double_descent import width_column
 from analysis.load import load_history, load_runs
-from analysis.report import varied_keys
 from analysis.tables import to_markdown
+from analysis.varied import varied_keys
 
 
 def by_epoch(sweep_dir: str | Path, epochs: list[int], width: str | None = None) -> tuple[pd.DataFrame, str]:

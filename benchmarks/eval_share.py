@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from src.loop import train_epoch  # noqa: E402
 from src.metrics import evaluate  # noqa: E402
 from src.run_state import setup  # noqa: E402
-from src.trainer import StopSignal, train_epoch  # noqa: E402
+from src.stop_signal import StopSignal  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 
 BEFORE_BATCH, AFTER_BATCH = 256, 1024  # trainer.eval_batch_size before and after the change

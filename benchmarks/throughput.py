@@ -11,7 +11,7 @@ steps. (a) The baseline is what the seed reports ran: a ViT of ``nn.MultiheadAtt
 reshape/permute patches and an ``nn.Linear`` embedding (other models: the same vitsweep module), a
 ``DataLoader`` over a map-style dataset of ``PIL.Image`` objects through torchvision transforms, fp32
 AdamW. (b) vitsweep: ``src.models`` through the config, ``src.data.loader.Loader`` (uint8 data on the
-device, batch augmentation), ``src.optim.build_optimizer`` and ``src.trainer.train_step`` with the
+device, batch augmentation), ``src.optim.build_optimizer`` and ``src.loop.train_step`` with the
 device's best settings (precision ``auto``, channels_last and fused AdamW on CUDA, compile on CUDA).
 
 Printed: images/s of each and their ratio; model FLOPs per image (forward + backward, counted by
@@ -41,9 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from src.data import DataSplits, build_data  # noqa: E402
+from src.loop import train_step  # noqa: E402
 from src.run_state import build_model, setup, setup_device  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
-from src.trainer import train_step  # noqa: E402
 from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
 VIT_KEYS = ("patch", "dim", "depth", "heads", "mlp_dim")

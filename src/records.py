@@ -117,7 +117,7 @@ class RunRecorder:
         """``summary.json``, and first ``config.json``: the resolved config this start of the run ended under. The
         analysis reads that config for a run with a summary (Hydra rewrites ``.hydra/`` before a refused start's
         checks), and with checkpoints on it says the run is done where they are gone
-        (``src.trainer.finished_without_checkpoint``)."""
+        (``src.resume.finished_without_checkpoint``)."""
         text = json.dumps(cfg, indent=1)
         atomic_write(self.dir / "config.json", lambda f: f.write((text + "\n").encode()))
         text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2)

@@ -37,22 +37,13 @@ from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
+from src.loop import begin_epoch, checkpoint_due, close_epoch, until_stopped
 from src.records import hold_run_dir, writable_run_dir
+from src.resume import already_stopped, prepare_resume, resume
 from src.run_state import RunState, plain_config
-from src.trainer import (
-    RunInterrupted,
-    StopSignal,
-    already_stopped,
-    begin_epoch,
-    checkpoint_due,
-    close_epoch,
-    finish,
-    prepare_resume,
-    resume,
-    start_tracking,
-    summarise,
-    until_stopped,
-)
+from src.run_summary import finish, summarise
+from src.stop_signal import RunInterrupted, StopSignal
+from src.trainer import start_tracking
 from src.trial import Reporter
 from src.validate import check_config
 
@@ -190,7 +181,7 @@ class _Member:
         return next(self.batches, None)
 
     def end_epoch(self, reason: str | None, pbar) -> str | None:
-        """The single run's end of epoch (``src.trainer.run_loop``): time, NaN check, stop rules, evaluation."""
+        """The single run's end of epoch (``src.loop.run_loop``): time, NaN check, stop rules, evaluation."""
         s = self.state
         s.epoch_done = reason is None
         self.batches = None

@@ -23,7 +23,8 @@ from analysis import (
     summary_table,
 )
 from analysis.frames import one_run_per_seed
-from analysis.report import make_report, varied_keys
+from analysis.report import make_report
+from analysis.varied import varied_keys
 from tests.helpers import write_run
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from src.checkpoint import config_differences
+from src.loop import evaluation_row, train_epoch
 from src.run_state import plain_config, setup
-from src.trainer import StopSignal, evaluation_row, train, train_epoch
+from src.stop_signal import StopSignal
+from src.trainer import train
 
 CNN = ["model=cnn", "model.width=4", "optimizer=sgd", "optimizer.lr=0.05", "scheduler=constant",
        "label_noise.p=0.4", "dataset.n_train=300", "trainer.batch_size=64"]

@@ -12,13 +12,14 @@ import torch.nn.functional as F
 
 from src.data.augment import flip_crop
 from src.data.loader import Loader
+from src.loop import train_step
 from src.models.cnn import WidthCNN
 from src.models.layers import Dropout, dropout_keep
 from src.models.lean import LeanBlock
 from src.models.vit import ViT
 from src.optim import build_optimizer
 from src.run_state import autocast_for, setup_device, use_channels_last
-from src.trainer import train, train_step
+from src.trainer import train
 from tests.conftest import TINY, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]

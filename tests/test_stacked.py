@@ -9,9 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from src import stacked
+from src.loop import train_step
 from src.run_state import setup
 from src.stacked import MemberStack, plan_groups, train_members, why_not_stackable
-from src.trainer import train, train_step
+from src.trainer import train
 from tests.conftest import TINY, compose_cfg
 from tests.helpers import run_cli
 
@@ -265,7 +266,7 @@ def test_a_stop_in_one_stack_ends_the_tracker_runs_of_members_of_later_stacks(tm
 
     from mlflow.tracking import MlflowClient
 
-    from src.trainer import RunInterrupted
+    from src.stop_signal import RunInterrupted
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfgs = [plain(*VIT, "logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=1",

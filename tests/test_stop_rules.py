@@ -157,17 +157,17 @@ def test_a_run_whose_train_error_collapsed_from_far_lower_is_recorded_collapsed_
     are scripted here (the model trains for real); the summary records the lowest and flags the collapse."""
     import itertools
 
-    import src.trainer as trainer
+    import src.loop as loop
 
     scripted = itertools.chain([0.8, 0.05], itertools.repeat(0.87))
-    original = trainer.evaluation_row
+    original = loop.evaluation_row
 
     def row_with_scripted_train_error(*args, **kwargs):
         row = original(*args, **kwargs)
         row["train_error"] = next(scripted)
         return row
 
-    monkeypatch.setattr(trainer, "evaluation_row", row_with_scripted_train_error)
+    monkeypatch.setattr(loop, "evaluation_row", row_with_scripted_train_error)
     summary = train(tiny_cfg("trainer.max_epochs=3", "trainer.converge_epochs=null"), tmp_path)
     assert summary["best_train_error"] == 0.05 and summary["train_error"] == 0.87
     assert summary["collapsed"] is True and summary["stalled"] is True and summary["status"] == "completed"
@@ -193,7 +193,7 @@ def test_a_stopped_run_s_exception_survives_pickling_so_a_pool_worker_can_send_i
     worker's stopped job broke the launcher's pool instead of returning its result."""
     import pickle
 
-    from src.trainer import RunInterrupted
+    from src.stop_signal import RunInterrupted
 
     back = pickle.loads(pickle.dumps(RunInterrupted(15, {"stop_reason": "interrupted"})))
     assert isinstance(back, SystemExit) and back.code == 143 and back.signum == 15
