@@ -39,7 +39,8 @@ def make_report(paths: list[str | Path], out: str | Path, n_boot: int = 1000, to
             f"Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in status.items())}); seeds: "
             f"{runs['seed'].nunique() if 'seed' in runs else 1}. Varied keys: "
             f"{', '.join(f'`{k}`' for k in varied) or 'none (repeats of one config)'}. "
-            "Fits and tables use completed runs; stalled runs are results and are in them, counted per row.", "")
+            "Fits and tables use completed runs; stalled runs and runs that ended inside a loss spike are results "
+            "and are in them, counted per row.", "")
     rep.add(*_grouping_notes(runs, varied, dependents, by), *_flag_notes(runs, paths))
     _execution(rep, runs, varied)
     if (runs["status"] == "completed").sum() == 0:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from analysis.report_page import Report
 from analysis.varied import _determined_by, key_roles
+from src import run_contract as contract  # the run directory's contract: what a spike is
 
 
 def _grouping_notes(runs: pd.DataFrame, varied: list[str], dependents: dict[str, list[str]],
@@ -88,6 +89,13 @@ def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
         lines.append(f"- {int(stalled.sum())} stalled runs (train error at or near chance at the end"
                      + (f"; {collapsed} of them collapsed there from a far lower one they had reached" if collapsed
                         else "") + "): results, kept in every table and curve and counted in their `stalled` column.")
+    spiked = runs["ended_in_spike"].fillna(False).astype(bool) if "ended_in_spike" in runs else None
+    if spiked is not None and spiked.any():
+        n = int(spiked.sum())
+        lines.append(f"- {n} run{'s' if n > 1 else ''} ended inside a loss spike (final train error "
+                     f"{contract.SPIKE_RISE} or more above the median of {'their' if n > 1 else 'its'} last "
+                     f"{contract.SPIKE_WINDOW} readings; `analysis.load.result_flags`): results read at their final "
+                     "errors, kept in every table and curve, counted in the tables' `ended in a spike` column.")
     low = runs["low_lr_stop"].fillna(False).astype(bool) if "low_lr_stop" in runs else pd.Series(False, runs.index)
     if low.any():
         n = int(low.sum())

@@ -85,7 +85,8 @@ def _history(rep: Report, paths: list[str], varied: list[str]) -> None:
     if groups > MAX_GROUPS:
         first = hist.groupby(varied, dropna=False).ngroup() < MAX_GROUPS
         hist = hist[first]
-    rep.add("## Training curves", "", "Accuracy and loss per epoch, mean over seeds (solid: test, dashed: train)"
+    rep.add("## Training curves", "", "Accuracy and loss per epoch, mean over seeds (solid: test, dashed: train; "
+            "faded past the epoch where a group's first run stopped, where the mean is over the runs still training)"
             + (f"; first {MAX_GROUPS} of {groups} groups." if groups > MAX_GROUPS else "."), "")
     rep.figure(figures.plot_history(hist, varied, rep.out / "figures" / "history.png"), "accuracy and loss per epoch")
 
@@ -133,7 +134,11 @@ def _fit_and_draw(rep: Report, runs: pd.DataFrame, x: str, by: list[str], n_boot
 def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: str, tol: float) -> None:
     noise = "label_noise.p"
     by = [k for k in varied if k not in (width, noise)]
-    curves = descent_curves(runs, width=width, noise=noise, by=by)
+    try:
+        curves = descent_curves(runs, width=width, noise=noise, by=by)
+    except ValueError as e:  # e.g. a --by that pools two recipes into one point
+        rep.add("## Double descent", "", f"No curves: {e}", "")
+        return
     summary = descent_summary(curves, tol=tol)
     rep.add("## Double descent", "", f"Train and test error against `{width}` per `{noise}`. Interpolation "
             f"threshold: smallest width with mean train error <= {tol} (against the labels trained on). Peak: "
@@ -145,7 +150,9 @@ def _double_descent(rep: Report, runs: pd.DataFrame, varied: list[str], width: s
             "interpolates). **Post hoc, a description, not a test**: the peak and its base are chosen after "
             "looking (on flat curves the flag fires about 23% of the time); the declared test of a peak, with its "
             "power, is `python -m analysis.design test`; `n_capped`, where the runs stop by a "
-            "convergence rule, counts the seeds that reached the epoch cap first (not converged). The train panel "
+            "convergence rule, counts the seeds that reached the epoch cap first (not converged); `n_ended_in_spike` "
+            "counts the seeds read inside an end-of-run loss spike (hollow diamonds; kept, at their final errors). "
+            "The train panel "
             "adds the error "
             "on clean labels (dashed) and on the flipped images (dotted) when the runs recorded them.", "")
     rep.table(summary, "double_descent_summary")

@@ -274,6 +274,23 @@ def test_report_double_descent_sweep(tmp_path):
     assert "## Learning curves" not in (out / "report.md").read_text()
 
 
+def test_a_report_whose_by_pools_two_recipes_says_why_it_has_no_curves(tmp_path):
+    """Review 2026-11-29 (session 53): descent_curves now refuses two recipes pooled into one point; a report whose
+    --by leaves out the key that differs must say so in its double-descent section, not stop the whole report."""
+    import yaml
+
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    for cfg_file in root.glob("*/.hydra/config.yaml"):  # seed 1 under another lr: two recipes, disjoint seeds
+        cfg = yaml.safe_load(cfg_file.read_text())
+        if cfg["seed"] == 1:
+            cfg["optimizer"]["lr"] = 0.002
+            cfg_file.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "report"
+    make_report([root], out, n_boot=20, by=["model.dim", "label_noise.p"])
+    text = (out / "report.md").read_text()
+    assert "## Double descent" in text and "No curves:" in text and "optimizer.lr" in text
+
+
 def curves_frame(test: list[float], train: list[float], sd: float, seeds: int = 3, rng: int = 0,
                  **extra: list[float]) -> pd.DataFrame:
     """Runs whose seed means are exactly ``test``/``train`` per width 1, 2, 4, ... and whose test error
