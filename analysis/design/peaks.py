@@ -58,7 +58,8 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
     says = _verdict(p, mean, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
     fragile = []
     if spikes[0]:
-        fragile.append(f"{spikes[0]} run{'s' if spikes[0] > 1 else ''}' final train errors, read inside end-of-run "
+        whose = "runs'" if spikes[0] > 1 else "run's"
+        fragile.append(f"{spikes[0]} {whose} final train errors, read inside end-of-run "
                        f"loss spikes or dips, decide the tested width: read by each run's median over its last "
                        f"{SPIKE_WINDOW} readings it is {spikes[1]}")
     if without:
