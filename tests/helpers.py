@@ -167,3 +167,18 @@ SUMMARY_KEYS = {"status", "stop_reason", "epochs", "steps", "wall_s", "train_los
                 "test_error", "test_acc", "best_test_error", "params", "train_images_per_s",
                 "noisy_label_fraction", "device", "machines", "precision", "seed", "lr_at_stop", "base_lr",
                 "low_lr_stop", "stalled", "collapsed", "best_train_error"}
+
+
+def captured_figure(monkeypatch) -> dict:
+    """Keep the figure a plot function of analysis.figures saves (``kept["fig"]``), to read what it drew."""
+    import analysis.figures as figures
+
+    kept = {}
+    orig = figures.save_figure
+
+    def keep(fig, out):
+        kept["fig"] = fig
+        fig.canvas.draw()
+        return orig(fig, out)
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return kept

@@ -25,7 +25,7 @@ from analysis import (
 from analysis.frames import one_run_per_seed
 from analysis.report import make_report
 from analysis.varied import varied_keys
-from tests.helpers import write_run
+from tests.helpers import captured_figure, write_run
 
 SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
 
@@ -817,28 +817,13 @@ def test_a_moved_sweep_folder_finds_its_optuna_storage_beside_its_runs(tmp_path)
     assert not (tmp_path / "gone").exists()  # reading never creates the recorded path
 
 
-def _captured_figure(monkeypatch):
-    """Keep the figure a plot function saves, to read what it drew."""
-    import analysis.figures as figures
-
-    kept = {}
-    orig = figures.save_figure
-
-    def keep(fig, out):
-        kept["fig"] = fig
-        fig.canvas.draw()
-        return orig(fig, out)
-    monkeypatch.setattr(figures, "save_figure", keep)
-    return kept
-
-
 def test_the_double_descent_figure_draws_every_seed_and_no_band_below_zero(tmp_path, monkeypatch):
     from analysis.figures import plot_double_descent
 
     runs = load_runs(double_descent_sweep(tmp_path / "runs"))
     runs.loc[runs.index[:3], "train_error"] = [0.0, 0.3, 0.0]  # mean 0.1, sd 0.17: mean - sd < 0
     curves = descent_curves(runs)
-    kept = _captured_figure(monkeypatch)
+    kept = captured_figure(monkeypatch)
     plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png", runs=runs)
     train_ax, test_ax = kept["fig"].axes
     for ax in (train_ax, test_ax):
@@ -860,7 +845,7 @@ def test_an_offset_fit_whose_floor_misses_its_points_is_flagged_and_not_drawn_as
     checked = check_offset(fit, runs)
     assert not checked.iloc[0]["offset_ok"] and "floor" in checked.iloc[0]["offset_note"]
     checked.attrs.update(fit.attrs)
-    kept = _captured_figure(monkeypatch)
+    kept = captured_figure(monkeypatch)
     plot_learning_curves(runs, checked, tmp_path / "lc.png")
     labels = [line.get_label() for line in kept["fig"].axes[0].get_lines()]
     assert any("offset model rejected" in s for s in labels)

@@ -13,20 +13,9 @@ import pytest  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from analysis import figures  # noqa: E402
+from tests.helpers import captured_figure  # noqa: E402
 
 MAX_GROUPS = 12  # analysis.report.MAX_GROUPS: the curves a report figure draws at most
-
-
-def _capture(monkeypatch) -> dict:
-    kept = {}
-    real = figures.save_figure
-
-    def keep(fig, out):
-        kept["fig"] = fig
-        fig.canvas.draw()
-        return real(fig, out)
-    monkeypatch.setattr(figures, "save_figure", keep)
-    return kept
 
 
 def _look(line) -> tuple:
@@ -38,7 +27,7 @@ def test_every_history_group_has_its_own_look(tmp_path, monkeypatch, n):
     """Groups 11 and 12 of a 12-group figure drew in groups 1 and 2's colour and style (``C{i % 10}``)."""
     hist = pd.DataFrame([{"epoch": e, "model.width": w, "run_dir": f"r{w}", "test_error": 0.5, "test_loss": 1.0,
                           "train_error": 0.4, "train_loss": 0.9} for w in range(1, n + 1) for e in (1, 2, 3)])
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_history(hist, ["model.width"], tmp_path / "h.png")
     for ax in kept["fig"].axes:
         looks = {}
@@ -54,7 +43,7 @@ def test_a_history_legend_hides_no_curve_and_shows_every_entry(tmp_path, monkeyp
     the curves, and ran off the bottom of the figure (the last entries cut off)."""
     hist = pd.DataFrame([{"epoch": e, "model.width": w, "run_dir": f"r{w}", "test_error": 0.5, "test_loss": 1.0,
                           "train_error": 0.4, "train_loss": 0.9} for w in range(1, MAX_GROUPS + 1) for e in (1, 2, 3)])
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_history(hist, ["model.width"], tmp_path / "h.png")
     fig = kept["fig"]  # laid out and saved; closed, so drawn again on a canvas of its own
     renderer = FigureCanvasAgg(fig).get_renderer()
@@ -73,7 +62,7 @@ def test_every_double_descent_group_has_its_own_colour(tmp_path, monkeypatch):
              "test_error": 0.5 - 0.01 * w, "train_error": 0.3 / w}
             for p in range(MAX_GROUPS) for w in (1, 2, 4) for s in (0, 1)]
     curves = descent_curves(pd.DataFrame(rows))
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png")
     test_ax = kept["fig"].axes[1]
     means = [ln for ln in test_ax.get_lines() if not ln.get_label().startswith("_") and "peak" not in
@@ -84,7 +73,7 @@ def test_every_double_descent_group_has_its_own_colour(tmp_path, monkeypatch):
 
 def test_every_bar_level_has_its_own_colour(tmp_path, monkeypatch):
     table = pd.DataFrame({"model.width": range(MAX_GROUPS), "test_acc_mean": 0.5, "test_acc_std": 0.01})
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_bars(table, ["model.width"], tmp_path / "b.png", metrics=("test_acc",))
     bars = kept["fig"].axes[0].patches
     assert len({mcolors.to_hex(b.get_facecolor()) for b in bars}) == MAX_GROUPS
@@ -104,7 +93,7 @@ def test_history_mean_is_solid_only_while_every_run_of_the_group_trains(tmp_path
     """A mean over the runs still training "falls" as the worse runs stop (CIFAR-10 main, width 12: 8 runs -> 1 by
     epoch 175): drawn solid, it read as the seeds' mean getting better. Solid only over the epochs every run of the
     group reached; beyond, faded, and the figure says what the faded part is."""
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_history(_history_two_runs(), ["w"], tmp_path / "h.png")
     for ax in kept["fig"].axes:
         named = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
@@ -124,7 +113,7 @@ def test_history_mean_is_solid_only_while_every_run_of_the_group_trains(tmp_path
 
 
 def test_history_without_early_stops_says_nothing_of_faded_means(tmp_path, monkeypatch):
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_history(_history_two_runs(stop_b=5), ["w"], tmp_path / "h.png")
     for ax in kept["fig"].axes:
         assert "still training" not in ax.get_title()
@@ -166,7 +155,7 @@ def test_the_double_descent_figure_marks_points_with_seeds_ended_inside_a_spike(
 
     runs = _spiked_runs()
     curves = descent_curves(runs)
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_double_descent(curves, descent_summary(curves), tmp_path / "dd.png", runs=runs)
     for ax, col in zip(kept["fig"].axes, ("train", "test"), strict=True):
         marks = [ln for ln in ax.get_lines() if "loss spike" in ln.get_label()]
@@ -176,7 +165,7 @@ def test_the_double_descent_figure_marks_points_with_seeds_ended_inside_a_spike(
         assert list(mark.get_ydata()) == pytest.approx([100 * curves.set_index("model.width").loc[2, f"{col}_mean"]])
         assert mark.get_marker() not in ("s", "o", ".") and mark.get_markerfacecolor() == "none"
     clean = descent_curves(runs.assign(ended_in_spike=False))
-    kept = _capture(monkeypatch)
+    kept = captured_figure(monkeypatch)
     figures.plot_double_descent(clean, descent_summary(clean), tmp_path / "dd2.png", runs=runs)
     assert not [ln for ax in kept["fig"].axes for ln in ax.get_lines() if "loss spike" in ln.get_label()]
 
