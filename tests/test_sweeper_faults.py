@@ -353,6 +353,31 @@ def test_a_retry_left_running_on_another_host_is_retried_again_when_a_command_st
     assert retry.state == TrialState.COMPLETE and retry.params == point and retry.user_attrs["retries"] == 1
 
 
+def test_a_process_killed_between_failing_a_trial_and_enqueuing_its_retry_is_repaired(tmp_path, monkeypatch):
+    """Failing a dead trial and enqueuing its retry are two storage writes. A process killed between them left a
+    FAIL that no retry named: every later run of the command ended with "1 of 3 trials failed" and the point was
+    never trained again. The next holder of the claim lock now enqueues the retry the dead process had decided."""
+    from hydra_plugins.vitsweep_sweeper import _liveness
+
+    study, point = first_point_run(tmp_path)
+    foreign = claimed(study, point, "gpu-node-7:4242")
+    storage = st.study_storage(study)
+
+    def killed(*args, **kwargs):
+        raise SystemExit(137)
+
+    monkeypatch.setattr(storage, "create_new_trial", killed)
+    with pytest.raises(SystemExit):
+        _liveness.fail_and_retry(study, storage.get_trial(foreign._trial_id), "worker stopped", 0, counted=False)
+    monkeypatch.undo()
+    assert load(tmp_path).trials[foreign.number].state == TrialState.FAIL  # and no retry names it
+    sweep(tmp_path, *ONE_OF_THREE, "hydra.sweeper.n_trials=3")
+    study = load(tmp_path)
+    (retry,) = [t for t in study.trials if t.user_attrs.get("retry_of") == foreign.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == point and retry.user_attrs["retries"] == 0
+    assert sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("where", ["_init_alembic", "_init_version_info_model"])
 def test_two_workers_creating_one_new_storage_at_once_both_open_it(tmp_path, monkeypatch, where):
     """Optuna creates a new storage's tables and version rows unguarded, so of two sweeper workers starting on a

@@ -18,7 +18,17 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from ._study import HEARTBEAT_ATTR, JOB_ATTR, RESUMED_ATTR, WORKER_ATTR, params_of, study_id, study_storage, trial_id
+from ._study import (
+    HEARTBEAT_ATTR,
+    JOB_ATTR,
+    RESUMED_ATTR,
+    RETRY_DUE_ATTR,
+    WORKER_ATTR,
+    params_of,
+    study_id,
+    study_storage,
+    trial_id,
+)
 from .parent_watch import alive, watch_parent
 
 log = logging.getLogger(__name__)
@@ -118,6 +128,8 @@ class Reaper:
             counted = not starting and not t.system_attrs.get(RESUMED_ATTR)
             lines.append(fail_and_retry(study, t, why, self.max_retries, counted=counted))
             log.warning(lines[-1])
+        if starting:  # once a command, as it reads every trial: a retry lost by a process killed mid-write
+            lines += enqueue_lost_retries(study)
         return lines
 
 
@@ -126,22 +138,49 @@ def fail_and_retry(study: optuna.Study, t: FrozenTrial, why: str, max_retries: i
     that records `retry_of` and `retries` and keeps `t`'s Hydra job number, so it runs in `t`'s run dir.
     ``counted=False`` (a deliberate stop: SIGTERM or SIGINT, after the run saved its checkpoint; or a trial
     found, when a command starts, left RUNNING by an earlier command that is gone) always enqueues the retry
-    and does not use up `max_retries`, which is for workers that die while the sweep goes on."""
+    and does not use up `max_retries`, which is for workers that die while the sweep goes on.
+    Call it under the claim lock. The decision is written into `t` (`RETRY_DUE_ATTR`) before the FAIL, so a
+    process killed between the FAIL and the enqueue leaves a trial that `enqueue_lost_retries` completes."""
     storage = study_storage(study)
+    retries = int(t.user_attrs.get("retries", 0))
+    due = not counted or retries < max_retries
     try:
         storage.set_trial_user_attr(trial_id(t), "error", why)
         storage.set_trial_user_attr(trial_id(t), "interrupted", True)
+        if due:
+            storage.set_trial_system_attr(trial_id(t), RETRY_DUE_ATTR, retries + 1 if counted else retries)
         storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
     except UpdateFinishedTrialError:
         return f"trial {t.number} finished while being failed as interrupted; not retried"
-    retries = int(t.user_attrs.get("retries", 0))
-    if counted and retries >= max_retries:
+    if not due:
         return f"trial {t.number} failed: {why}; not retried (hydra.sweeper.max_retries={max_retries})"
+    number = _enqueue_retry(study, t, retries + 1 if counted else retries)
+    return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
+            + ("" if counted else " (a stop of the sweep: not counted against hydra.sweeper.max_retries)"))
+
+
+def enqueue_lost_retries(study: optuna.Study) -> list[str]:
+    """Enqueue the retries that `fail_and_retry` decided on but never wrote, because its process was killed
+    between failing the trial and enqueuing the retry; one log line each. Call it under the claim lock, where
+    no live process is between those two writes."""
+    trials = study.get_trials(deepcopy=False)
+    named = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    lines = []
+    for t in trials:
+        if t.state == TrialState.FAIL and RETRY_DUE_ATTR in t.system_attrs and t.number not in named:
+            number = _enqueue_retry(study, t, int(t.system_attrs[RETRY_DUE_ATTR]))
+            lines.append(f"trial {t.number} failed ({t.user_attrs.get('error', 'interrupted')}) and the process "
+                         f"failing it stopped before it enqueued the retry: retried as trial {number}")
+            log.warning(lines[-1])
+    return lines
+
+
+def _enqueue_retry(study: optuna.Study, t: FrozenTrial, retries: int) -> int:
+    """Enqueue `t`'s parameters as a WAITING trial that names `t` (`retry_of`) and runs in its run dir."""
+    storage = study_storage(study)
     template = create_trial(
         state=TrialState.WAITING,
         system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
-        user_attrs={"retry_of": t.number, "retries": retries + 1 if counted else retries},
+        user_attrs={"retry_of": t.number, "retries": retries},
     )
-    number = storage.get_trial_number_from_id(storage.create_new_trial(study_id(study), template_trial=template))
-    return (f"trial {t.number} failed: {why}; retried as trial {number} with the same parameters"
-            + ("" if counted else " (a stop of the sweep: not counted against hydra.sweeper.max_retries)"))
+    return storage.get_trial_number_from_id(storage.create_new_trial(study_id(study), template_trial=template))

@@ -20,6 +20,8 @@ GRID_SEED_ATTR = "vitsweep:grid_seed"  # study system attr: the seed of the grid
 WORKER_ATTR = "vitsweep:worker"  # trial system attr: "host:pid" of the process running it
 HEARTBEAT_ATTR = "vitsweep:heartbeat"  # trial system attr: a counter its worker bumps every heartbeat_s
 RESUMED_ATTR = "vitsweep:resumed"  # trial system attr: RUNNING when a command started (its retry is not counted)
+RETRY_DUE_ATTR = "vitsweep:retry_due"  # trial system attr: set just before a trial is failed as interrupted when
+# a retry is due, to the `retries` that retry carries; a FAIL with it and no trial naming it lost its retry
 JOB_ATTR = "vitsweep:job"  # trial system attr: Hydra job number (run dir); a retry keeps its original's
 GRID_ATTR = "vitsweep:grid"  # study system attr: a grid study's value lists, {param: [values]}, for resumes
 RECIPE_ATTR = "vitsweep:recipe"  # study system attr: the job config all its trials share (flattened), for resumes
@@ -195,7 +197,7 @@ class Progress:
             )
 
     def _retry_pending(self, t: FrozenTrial) -> bool:
-        return bool(t.user_attrs.get("interrupted")) and int(t.user_attrs.get("retries", 0)) < self.max_retries
+        return RETRY_DUE_ATTR in t.system_attrs
 
     def best(self) -> str:
         try:
