@@ -125,8 +125,9 @@ def plot_history(hist: pd.DataFrame, by: list[str], out: str | Path, x: str = "e
 def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) -> Path:
     """Log-log points and fitted lines; alpha with its CI in the legend. A point is the geometric mean over seeds
     (the quantity the fit uses), its bar one standard deviation of the log error (``gmean * exp(+-log_std)``); the
-    small dots are the seeds' own runs. An offset model whose floor misses its points (``offset_ok`` false: a floor
-    above a measured mean, or at zero) is drawn grey and labelled rejected, with the reason."""
+    small dots are the seeds' own runs. A power law that misses its points (``curved``, :mod:`analysis.fit_shape`) is
+    drawn dashed and labelled with how far off the line its means sit. An offset model whose floor misses its points
+    (``offset_ok`` false: a floor above a measured mean, or at zero) is drawn grey and labelled rejected."""
     x, y, by = fits.attrs["x"], fits.attrs["y"], fits.attrs["by"]
     points = curve_points(df[df["status"] == "completed"] if "status" in df else df, x, y, by)
     fig, ax = plt.subplots(figsize=(7.5, 6.5))
@@ -146,8 +147,10 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
         n = np.geomspace(fit["x_min"], fit["x_max"], 50)
         ci = f" [{fit['alpha_lo']:.3f}, {fit['alpha_hi']:.3f}]" if np.isfinite(fit["alpha_lo"]) else ""
         name = group_label(by, key) if by else "fit"
-        ax.plot(n, fit["prefactor"] * n ** fit["alpha"], "-", color=color,
-                label=f"{name}: α={fit['alpha']:.3f}{ci}")
+        curved = str(fit.get("curved")) == "True"  # a bool, or read back from a csv: a string
+        bend = f" (curved: means up to {fit['max_miss']:.0%} off the line, α depends on the range)" if curved else ""
+        ax.plot(n, fit["prefactor"] * n ** fit["alpha"], "--" if curved else "-", color=color,
+                label=f"{name}: α={fit['alpha']:.3f}{ci}{bend}")
         if np.isfinite(fit.get("offset", np.nan)):
             curve = fit["offset_prefactor"] * n ** fit["offset_alpha"] + fit["offset"]
             if fit.get("offset_ok", True):

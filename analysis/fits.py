@@ -40,6 +40,7 @@ from scipy import stats
 
 from analysis.fit_inputs import _group_table, _measured
 from analysis.fit_offset import _offset_fit
+from analysis.fit_shape import curvature_check
 from analysis.fit_slopes import _alpha_interval, _loglog_lines, _within_seed_slope
 from analysis.frames import completed_only, one_run_per_seed, require_columns
 
@@ -83,6 +84,7 @@ def _group_fit(table: pd.DataFrame, n_boot: int, offset: bool, rng: np.random.Ge
         "n_points": len(sizes), "n_seeds": min(len(v) for v in values),
         "x_min": sizes.min(), "x_max": sizes.max(),
         **_alpha_interval(sizes, logm, float(slope), table, label),
+        **curvature_check(logx, table, resid),
     }
     boot = None
     if max(len(v) for v in values) >= 2 and n_boot > 0 and offset:

@@ -852,6 +852,18 @@ def test_an_offset_fit_whose_floor_misses_its_points_is_flagged_and_not_drawn_as
     assert not any(s.startswith("fit: offset model α") for s in labels)
 
 
+def test_a_power_law_that_misses_its_points_is_drawn_dashed_and_labelled_curved(tmp_path, monkeypatch):
+    from analysis.figures import plot_learning_curves
+
+    runs = load_runs(power_law_sweep(tmp_path / "bent", a=3.0, alpha=-0.7, c=0.04, noise=0.02, rng=1))
+    fits = fit_learning_curve(runs, n_boot=0)
+    assert fits.iloc[0]["curved"]
+    kept = captured_figure(monkeypatch)
+    plot_learning_curves(runs, fits, tmp_path / "lc.png")
+    (line,) = [ln for ln in kept["fig"].axes[0].get_lines() if ln.get_label().startswith("fit: α")]
+    assert "curved" in line.get_label() and "off the line" in line.get_label() and line.get_linestyle() == "--"
+
+
 def _precision_sweep(root: Path, plan: dict[int, list[tuple[str, str]]]) -> Path:
     """Runs of two settings (``model.patch``), each seed with the (precision, device) its summary records."""
     num = 0
