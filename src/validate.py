@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +49,26 @@ def select_device(name: str) -> torch.device:
         raise ValueError(f"trainer.device={name} but no CUDA device is visible: use trainer.device=auto or cpu")
     if name != "cpu" and not name.startswith("cuda"):
         raise ValueError(f"trainer.device={name!r} is unknown: choose auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda:"):
+        return _cuda_n(name)
     return torch.device(name)
+
+
+def _cuda_n(name: str) -> torch.device:
+    """``cuda:N``: the N-th device this process sees, checked. In a vectorized-launcher worker pinned
+    (``CUDA_VISIBLE_DEVICES``) to the one GPU that the launching process calls ``cuda:N``, that GPU, the worker's only
+    device (``hydra_plugins/vitsweep_launcher/pool.py``, ``_worker_gpu_env``)."""
+    from hydra_plugins.vitsweep_launcher.pool import LAUNCHER_DEVICE_ENV, cuda_index
+
+    pinned, number = os.environ.get(LAUNCHER_DEVICE_ENV), name.split(":", 1)[1]
+    if pinned and number.isdigit():
+        if int(number) != int(pinned.split(":", 1)[1]):
+            raise ValueError(f"trainer.device={name}: this launcher worker is pinned to the GPU of "
+                             f"trainer.device={pinned}, its batch's first job's; the jobs of one multirun batch share "
+                             "one trainer.device (sweep devices in separate multiruns, or use trainer.device=cuda)")
+        return torch.device("cuda")
+    return torch.device("cuda", cuda_index(name, torch.cuda.device_count(), "this process",
+                                           "trainer.device=cuda for the first of them"))
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -50,6 +50,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         raise ValueError(f"vectorized launcher: job_numbers {numbers} must be {len(job_overrides)} distinct numbers")
     configs = JobConfigs(launcher, numbers, job_overrides)
     gpus = _job_gpus(configs[0])
+    pinned = _device_setting(configs[0]) if gpus else ""  # `cuda:N`: each worker opens the one GPU it is pinned to
     device = "cuda" if gpus else "cpu"
     stacker = protocol.stacker()  # a module path: the pool's workers import it themselves
     if stacks(launcher.stack, launcher.max_members, device, len(configs)):  # grouping reads every config first
@@ -73,15 +74,15 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes
     # members of stacked groups that end before their group: the launcher's stop path tells them too (launcher.py)
     launcher.ended = Ended(configs, numbers, results, notify)
-    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), units, configs, launcher.ended,
-                       threads=threads, stacker=stacker)
+    broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir), pinned), units, configs,
+                       launcher.ended, threads=threads, stacker=stacker)
     if broken:  # a worker died, and the pool with it: every unit not yet done runs again on a fresh pool
         _drop(launcher)
-        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir)), broken, configs, launcher.ended,
-                           threads=threads, stacker=stacker)
+        broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir), pinned), broken, configs,
+                           launcher.ended, threads=threads, stacker=stacker)
     for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir)), [unit], configs, launcher.ended,
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir), pinned), [unit], configs, launcher.ended,
                   final=True, threads=threads, stacker=stacker)
     launcher.ended = None
     return [results[num] for num in numbers]
@@ -239,10 +240,12 @@ def gpu_sharing_note(n_procs: int, gpus: list[str]) -> str | None:
             "`nvidia-cuda-mps-control -d`, or set hydra.launcher.n_procs to the number of GPUs")
 
 
-def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str) -> ProcessPoolExecutor:
+def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: str,
+          pinned: str = "") -> ProcessPoolExecutor:
     """The launcher's worker pool, kept across batches (a sweeper launching trial after trial pays the
-    workers' start-up once) unless it has fewer workers than this batch needs."""
-    key = (tuple(gpus), log_dir)
+    workers' start-up once) unless it has fewer workers than this batch needs. ``pinned``: the jobs'
+    ``trainer.device=cuda:N``, whose one GPU each worker is pinned to (``_worker_gpu_env``), else empty."""
+    key = (tuple(gpus), log_dir, pinned)
     old = getattr(launcher, "pool", None)
     if old is not None and old[0] == key and old[1] >= n_procs and not getattr(old[2], "_broken", False):
         return old[2]  # (a pool whose last job killed its worker is broken: never reused)
@@ -262,7 +265,7 @@ def _pool(launcher: Any, n_procs: int, threads: int, gpus: list[str], log_dir: s
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, Singleton.get_state()))
     pool = ProcessPoolExecutor(n_procs, mp_context=ctx, initializer=_init_worker,
                                initargs=(os.getpid(), method, slots, payload, threads, gpus, log_dir,
-                                         -(-n_procs // max(1, len(gpus))), writer))
+                                         -(-n_procs // max(1, len(gpus))), writer, pinned))
     pool.vitsweep_ended = reader
     launcher.pool = (key, n_procs, pool)
     return pool
@@ -323,20 +326,45 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _device_setting(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "trainer.device", default="auto"))
+
+
 def _job_gpus(cfg: DictConfig) -> list[str]:
-    """CUDA device ids the jobs train on (empty when they train on CPU): from `trainer.device`."""
-    device = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
+    """CUDA device ids the jobs train on, as a worker's ``CUDA_VISIBLE_DEVICES`` names them (empty when they train
+    on CPU): from `trainer.device`. ``cuda``: every device this process sees (its workers take them round robin);
+    ``cuda:N``: the N-th of them, as torch numbers them in this process (under ``CUDA_VISIBLE_DEVICES=2,3``,
+    ``cuda:1`` is physical GPU 3; unset, GPU N). An N past the visible devices fails here, before any work."""
+    device = _device_setting(cfg)
     if device == "cpu" or (device == "auto" and not any(Path("/dev").glob("nvidia*"))):
         return []  # no NVIDIA device files: no CUDA, and no torch import (1.7 s) in the launching process
     import torch
 
     if not torch.cuda.is_available():
         return []
-    if device.startswith("cuda:"):
-        return [device.split(":", 1)[1]]
+    count = torch.cuda.device_count()
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [d.strip() for d in env.split(",") if d.strip()] if env else []
-    return ids[: torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
+    visible = ids[:count] or [str(i) for i in range(count)]
+    if device.startswith("cuda:"):
+        return [visible[cuda_index(device, len(visible), "vectorized launcher: the launching process",
+                                   "trainer.device=cuda to spread the jobs over all of them")]]
+    return visible
+
+
+def cuda_index(device: str, count: int, who: str, spread: str) -> int:
+    """N of ``trainer.device=cuda:N``, checked against the ``count`` CUDA devices that ``who`` sees; the error names
+    the setting, what is visible, and the fix (``spread``: what plain ``cuda`` does there)."""
+    number = device.split(":", 1)[1]
+    if not number.isdigit():
+        raise ValueError(f"trainer.device={device} is not a CUDA device: use cuda, or cuda:N with N a device number")
+    if int(number) >= count:
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = "CUDA_VISIBLE_DEVICES unset" if env is None else f"CUDA_VISIBLE_DEVICES={env}"
+        valid = "only cuda:0 is" if count == 1 else f"cuda:0 to cuda:{count - 1} are"
+        raise ValueError(f"trainer.device={device}: {who} sees {count} CUDA device(s) ({where}), numbered as torch "
+                         f"numbers them, so {valid} valid; use one of those, or {spread}")
+    return int(number)
 
 
 def stacks(stack: str, max_members: int, device: str, n_jobs: int) -> bool:
@@ -391,7 +419,7 @@ def _orphaned() -> None:
 
 
 def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: int, gpus: list[str],
-                 log_dir: str, share: int, ended: Any = None) -> None:
+                 log_dir: str, share: int, ended: Any = None, pinned: str = "") -> None:
     exit_without_teardown()
     if method == "forkserver":
         # a forked worker ends with os._exit after its last task, skipping exit handlers: run them then, as a
@@ -403,9 +431,9 @@ def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: 
     # launching process itself
     (watch_process if method == "forkserver" else watch_parent)(parent, grace_s=300.0, on_gone=_orphaned)
     slot = slots.get()
+    os.environ.pop(LAUNCHER_DEVICE_ENV, None)  # (inherited from a launching process that is itself a worker)
     if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
-        os.environ["VITSWEEP_GPU_SHARE"] = str(share)  # workers on this GPU: src.stacked splits its memory
+        os.environ.update(_worker_gpu_env(gpus, slot, share, pinned))
     fd = os.open(Path(log_dir) / f"worker-{slot}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -423,6 +451,21 @@ def _init_worker(parent: int, method: str, slots: Any, payload: bytes, threads: 
     gc.freeze()  # what the worker loaded lives as long as it does: its jobs' collections skip it (fork_server.py)
     print(f"worker {slot} (pid {os.getpid()}): {threads or 'default'} torch thread(s)"
           + (f", CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if gpus else ""), flush=True)
+
+
+# set in a worker pinned to the GPU of ``trainer.device=cuda:N`` (that value, as the launching process numbers its
+# devices): its jobs' ``cuda:N`` opens the worker's one visible device (``src.validate.select_device``)
+LAUNCHER_DEVICE_ENV = "VITSWEEP_LAUNCHER_DEVICE"
+
+
+def _worker_gpu_env(gpus: list[str], slot: int, share: int, pinned: str) -> dict[str, str]:
+    """What a CUDA worker sets in its environment: its one GPU (``gpus`` round robin by slot; ``_job_gpus``), the
+    number of workers sharing it (``VITSWEEP_GPU_SHARE``: ``src.stacked`` splits its memory), and for ``cuda:N``
+    jobs (``pinned``) the setting the GPU was chosen for: in the worker it is the only device, ``cuda:0``."""
+    env = {"CUDA_VISIBLE_DEVICES": gpus[slot % len(gpus)], "VITSWEEP_GPU_SHARE": str(share)}
+    if pinned.startswith("cuda:"):
+        env[LAUNCHER_DEVICE_ENV] = pinned
+    return env
 
 
 def _run_unit(configs: list[DictConfig], threads: int = 0,
