@@ -39,7 +39,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from src.loop import train_epoch  # noqa: E402
 from src.metrics import evaluate  # noqa: E402
-from src.run_state import setup  # noqa: E402
+from src.run_setup import setup  # noqa: E402
 from src.stop_signal import StopSignal  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 

@@ -3,7 +3,7 @@
     python benchmarks/precision_probe.py                 # the double-descent CNNs and ViTs, heads_depth's ViTs
     python benchmarks/precision_probe.py --threads 1     # as the vectorized launcher runs them (one thread each)
 
-For each model it runs ``src.run_state.measure_precision`` (the probe ``auto`` runs at a run's start: median
+For each model it runs ``src.run_setup.measure_precision`` (the probe ``auto`` runs at a run's start: median
 forward + backward seconds of a 128-image batch in fp32 and in bf16) and prints both times, their ratio and the
 choice. On a CPU without native bf16 ``auto`` is fp32 without measuring; the table is printed anyway.
 """
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from src.models.cnn import WidthCNN  # noqa: E402
 from src.models.vit import ViT  # noqa: E402
-from src.run_state import measure_precision  # noqa: E402
+from src.run_setup import measure_precision  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 
 SHAPE = (1, 32, 32)  # MNIST at 32 px, as in the EPFL studies

@@ -8,7 +8,7 @@
     python benchmarks/step_profile.py --out docs/benchmarks/profile     # also writes <out>/<model>_<device>.md
 
 The model, data, optimizer and step are the trainer's own (``benchmarks/throughput.py``'s ``VitsweepPath``,
-built by ``src.run_state.setup``). Printed, in this order and in one run:
+built by ``src.run_setup.setup``). Printed, in this order and in one run:
 - the machine: CPU model and flags (or the GPU), torch, threads, load average;
 - the dense matmul peak measured now, fp32 and bf16 (``throughput.matmul_peak``);
 - images/s over ``--steps`` timed steps (no profiler attached), model FLOPs per image (forward + backward,

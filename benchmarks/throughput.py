@@ -41,8 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from src.data import DataSplits, build_data  # noqa: E402
+from src.device_setup import setup_device  # noqa: E402
 from src.loop import train_step  # noqa: E402
-from src.run_state import build_model, setup, setup_device  # noqa: E402
+from src.run_setup import build_model, setup  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
 from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
@@ -237,7 +238,7 @@ def compose(args, n_train: int | None = None) -> dict:
 
 
 class VitsweepPath:
-    """vitsweep's trainer path for one config, built by the trainer's own set-up (``src.run_state.setup``):
+    """vitsweep's trainer path for one config, built by the trainer's own set-up (``src.run_setup.setup``):
     model, optimizer, Loader and ``train_step``."""
 
     def __init__(self, cfg: dict, precision: str, compile_model: bool):

@@ -13,7 +13,8 @@ from typing import Any
 from hydra_plugins.vitsweep_sweeper.protocol import config_differences
 from src.checkpoint import check_extension, check_resumable, move_aside, read_checkpoints
 from src.run_contract import RUNTIME_KEYS
-from src.run_state import RunState, setup
+from src.run_setup import setup
+from src.run_state import RunState
 from src.stop_rules import StopRules
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,8 @@ from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
 from src.loop import begin_epoch, checkpoint_due, close_epoch, until_stopped
 from src.records import hold_run_dir, writable_run_dir
 from src.resume import already_stopped, prepare_resume, resume
-from src.run_state import RunState, plain_config
+from src.run_setup import plain_config
+from src.run_state import RunState
 from src.run_summary import finish, summarise
 from src.stop_signal import RunInterrupted, StopSignal
 from src.trainer import start_tracking

@@ -6,7 +6,7 @@ import torch
 
 from src.data import build_data
 from src.optim import build_optimizer
-from src.run_state import build_model
+from src.run_setup import build_model
 from tests.conftest import CONF, compose_cfg
 
 

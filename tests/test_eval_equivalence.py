@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from src.checkpoint import config_differences
 from src.loop import evaluation_row, train_epoch
-from src.run_state import plain_config, setup
+from src.run_setup import plain_config, setup
 from src.stop_signal import StopSignal
 from src.trainer import train
 

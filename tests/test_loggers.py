@@ -252,7 +252,7 @@ def test_a_start_that_died_before_its_first_checkpoint_leaves_no_mlflow_run_runn
     cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=2",
                    "trainer.checkpoint=true", "trainer.checkpoint_every=2")
     run_dir = tmp_path / "run"
-    from src.trackers import MLflowTracker
+    from src.trackers_mlflow import MLflowTracker
 
     dead = MLflowTracker(tracking_uri=uri)
     run_dir.mkdir()

@@ -7,8 +7,8 @@ import contextlib
 import pytest
 import torch
 
-import src.run_state as run_state
-from src.run_state import measure_precision, setup
+import src.run_setup as run_state
+from src.run_setup import measure_precision, setup
 
 CNN = ["model=cnn", "model.width=2", "optimizer=sgd", "scheduler=constant", "dataset.n_train=64",
        "trainer.batch_size=32"]

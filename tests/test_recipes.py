@@ -190,7 +190,7 @@ def test_every_preset_of_a_study_builds_its_model(name):
     """Every sweeper preset, applied to the composed study, gives a config its model accepts (a ViT-only key left
     in a study's `model:` block stopped the cnn_w10 preset with an unexpected keyword)."""
     from src.data import build_data
-    from src.run_state import build_model
+    from src.run_setup import build_model
 
     base = compose_study(name, "paper" if name in STUDIES else None)
     presets = [list(p) for options in (base.hydra.sweeper.get("presets") or {}).values() for p in options.values()]

@@ -478,7 +478,7 @@ def test_a_summary_names_every_machine_its_run_trained_on(tiny_cfg, tmp_path):
     EPYC, then an Intel Xeon with AMX, for one CPU grid); each run's summary says which machines trained it, in
     order, kept across resumes by its checkpoint."""
     from src.checkpoint import load_checkpoint, save_checkpoint
-    from src.run_state import machine_name
+    from src.run_setup import machine_name
 
     over = ["trainer.checkpoint=true", "model=cnn", "model.width=2", "scheduler=constant"]
     first = train(tiny_cfg(*over, "trainer.max_epochs=2"), tmp_path)
@@ -498,7 +498,7 @@ def test_a_run_resumed_from_a_checkpoint_that_names_no_machine_says_so(tiny_cfg,
     2026-11-27, before checkpoints named their machine) and finished on an H200 had summaries naming the H200 alone,
     so the study's machine note counted them as H200 runs. The part trained on an unnamed machine is "not recorded"."""
     from src.checkpoint import load_checkpoint, save_checkpoint
-    from src.run_state import machine_name
+    from src.run_setup import machine_name
 
     over = ["trainer.checkpoint=true", "model=cnn", "model.width=2", "scheduler=constant"]
     train(tiny_cfg(*over, "trainer.max_epochs=2"), tmp_path)

@@ -12,13 +12,13 @@ import torch.nn.functional as F
 
 from src.data.augment import flip_crop
 from src.data.loader import Loader
+from src.device_setup import autocast_for, setup_device, use_channels_last
 from src.loop import train_step
 from src.models.cnn import WidthCNN
 from src.models.layers import Dropout, dropout_keep
 from src.models.lean import LeanBlock
 from src.models.vit import ViT
 from src.optim import build_optimizer
-from src.run_state import autocast_for, setup_device, use_channels_last
 from src.trainer import train
 from tests.conftest import TINY, compose_cfg
 
@@ -376,7 +376,7 @@ def test_attention_auto_takes_the_measured_fastest_and_keeps_sdpa_on_near_ties(m
 def test_attention_auto_is_recorded_and_a_resumed_run_keeps_its_path():
     """The set-up resolves auto, the summary names the path and why, the probe leaves the random state as it
     was, and a checkpoint's path wins over a new probe's."""
-    from src.run_state import setup
+    from src.run_setup import setup
 
     cfg = compose_cfg([o for o in TINY if o != "model.attention=sdpa"])
     torch.manual_seed(123)

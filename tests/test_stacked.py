@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from src import stacked
 from src.loop import train_step
-from src.run_state import setup
+from src.run_setup import setup
 from src.stacked import MemberStack, plan_groups, train_members, why_not_stackable
 from src.trainer import train
 from tests.conftest import TINY, compose_cfg

@@ -20,7 +20,7 @@ from src.models.cnn import WidthCNN
 def relu_activity(run_dir: Path, n_images: int = 2048) -> tuple[int, int, list[float], float]:
     ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     cfg = ck["config"]
-    data = build_data(cfg["dataset"], seed=int(cfg["seed"]))  # the run's own training images (src.run_state)
+    data = build_data(cfg["dataset"], seed=int(cfg["seed"]))  # the run's own training images (src.run_setup)
     width = ck["model"]["features.0.weight"].shape[0]
     model = WidthCNN(data.image_shape[-1], data.image_shape[0], data.num_classes, width)
     model.load_state_dict(ck["model"])

@@ -1,0 +1,61 @@
+"""``logger=tensorboard``: a run's evaluations, config and summary as TensorBoard event files in its run dir.
+
+A resumed run continues its event files: TensorBoard discards the events after the checkpoint's step
+(``purge_step``), so a killed and resumed run is one curve with no step twice; a tracker added to a resumed run is
+sent the rows the run dir kept. The package loads only when a run starts the tracker (``src.trackers``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from src.trackers_payload import SUMMARY_TAGS, flat_params, kept_rows, numbers
+
+
+class TensorBoardTracker:
+    """Event files in ``<run dir>/tensorboard``: each row's numbers as scalars at its step, the config as
+    hparams (with the study and trial), the summary as text and ``summary/*`` scalars."""
+
+    name = "tensorboard"
+
+    def __init__(self, flush_secs: float = 10):
+        self.flush_secs = flush_secs
+        self.writer = None
+
+    def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        log_dir = Path(run_dir) / "tensorboard"
+        fresh = not any(log_dir.glob("events.out.tfevents.*"))
+        # resumed: readers discard this run's events from the first step after the checkpoint on (logged before a
+        # kill, about to be logged again)
+        self.writer = SummaryWriter(str(log_dir), purge_step=None if fresh else resume_step + 1,
+                                    flush_secs=self.flush_secs)
+        if fresh:
+            for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan}):
+                self.writer.file_writer.add_summary(summary)
+            for row in kept_rows(run_dir, resume_step):  # a tracker added to a resumed run: its curve so far
+                self.log_metrics(row)
+        elif tags:  # a resumed start (a retried trial resumes the run dir under its own trial number)
+            self.writer.add_text("vitsweep/start", json.dumps(dict(tags)), resume_step + 1)
+
+    def log_metrics(self, row: Mapping[str, Any]) -> None:
+        for k, v in numbers(row).items():
+            self.writer.add_scalar(k, v, row["step"])
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        step = summary["steps"]
+        self.writer.add_text("summary", json.dumps({k: summary.get(k) for k in (*SUMMARY_TAGS, "objective")}), step)
+        if summary["stop_reason"] != "interrupted":  # a resumed run logs its final summary at a later step
+            for k in ("objective", "stalled", "collapsed"):
+                self.writer.add_scalar(f"summary/{k}", float(summary[k]), step)
+        self.writer.flush()
+
+    def close(self, status: str = "FAILED") -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
