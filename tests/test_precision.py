@@ -7,7 +7,8 @@ import contextlib
 import pytest
 import torch
 
-import src.run_setup as run_state
+import src.device_setup as device_setup
+import src.run_setup as run_setup
 from src.run_setup import measure_precision, setup
 
 CNN = ["model=cnn", "model.width=2", "optimizer=sgd", "scheduler=constant", "dataset.n_train=64",
@@ -31,13 +32,13 @@ def fresh_probe_cache(monkeypatch, tmp_path):
 @pytest.fixture
 def bf16_cpu(monkeypatch):
     """This CPU as one with native bf16, whatever it is (``auto`` then probes)."""
-    monkeypatch.setattr(run_state, "resolve_precision", lambda name, device: "bf16" if name == "auto" else name)
+    monkeypatch.setattr(run_setup, "resolve_precision", lambda name, device: "bf16" if name == "auto" else name)
 
 
 @pytest.mark.parametrize("fp32_s,bf16_s,chosen", [(2.0, 1.0, "bf16"), (1.0, 2.0, "fp32"), (1.05, 1.0, "fp32")])
 def test_auto_takes_the_faster_precision_with_fp32_on_near_ties(tiny_cfg, bf16_cpu, monkeypatch, fp32_s, bf16_s,
                                                                 chosen):
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(fp32_s, bf16_s))
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(fp32_s, bf16_s))
     state = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
     assert state.info["precision"] == chosen
     assert state.info["precision_probe_s"] == {"fp32": fp32_s, "bf16": bf16_s}
@@ -47,7 +48,7 @@ def test_auto_takes_the_faster_precision_with_fp32_on_near_ties(tiny_cfg, bf16_c
 def test_the_probe_leaves_the_run_as_it_would_be_without_it(tiny_cfg, bf16_cpu, monkeypatch):
     """Same initial weights, same global random state after setup (dropout draws from it) as a run set to the
     precision the probe chose."""
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(1.0, 2.0))
     probed = setup(tiny_cfg("model.dropout=0.2", "trainer.precision=auto"), None)  # the probe's passes draw dropout
     after_probe = torch.get_rng_state()
     plain = setup(tiny_cfg("model.dropout=0.2", "trainer.precision=fp32"), None)
@@ -58,11 +59,11 @@ def test_the_probe_leaves_the_run_as_it_would_be_without_it(tiny_cfg, bf16_cpu, 
 
 
 def test_a_resumed_run_keeps_the_precision_auto_chose_at_its_start(tiny_cfg, bf16_cpu, monkeypatch):
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(2.0, 1.0))
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(2.0, 1.0))
     first = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
     saved = first.state_dict()
     assert saved["precision"] == "bf16"
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))  # the machine now favours fp32
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(1.0, 2.0))  # the machine now favours fp32
     monkeypatch.setenv("VITSWEEP_PROBE_CACHE", "off")  # and measures again
     again = setup(tiny_cfg(*CNN, "trainer.precision=auto"), None)
     assert again.info["precision"] == "fp32"
@@ -96,7 +97,7 @@ def test_auto_times_each_precision_with_the_attention_path_auto_picks_for_it(tin
         return {(False, "sdpa"): 1.0, (True, "sdpa"): 2.0, (True, "explicit"): 0.5}.get((bf16, path), 9.0)
 
     monkeypatch.setattr(probe, "choose_attention", choose)
-    monkeypatch.setattr(run_state, "step_seconds", step_seconds)
+    monkeypatch.setattr(run_setup, "step_seconds", step_seconds)
     state = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
     assert state.info["precision"] == "bf16"
     assert state.info["precision_probe_s"] == {"fp32": 1.0, "bf16": 0.5}
@@ -111,7 +112,7 @@ def test_later_runs_of_one_shape_on_this_machine_take_the_first_measurement(tiny
     run's measurement is kept per machine and shape; another shape, or VITSWEEP_PROBE_CACHE=off, measures."""
     import src.models.attention_probe as probe
 
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(2.0, 1.0))
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(2.0, 1.0))
     monkeypatch.setattr(probe, "choose_attention", lambda model, batch, autocast, bf16: ("explicit", {}, "fake"))
     first = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
     assert (first.info["precision"], first.info["attention"]) == ("bf16", "explicit")
@@ -119,7 +120,7 @@ def test_later_runs_of_one_shape_on_this_machine_take_the_first_measurement(tiny
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "probes").glob("*.json")) == [
         "attention", "attention", "precision"]  # the attention probe under each precision, and the joint choice
 
-    monkeypatch.setattr(run_state, "step_seconds", fake_timing(1.0, 2.0))  # the timings now favour the others
+    monkeypatch.setattr(run_setup, "step_seconds", fake_timing(1.0, 2.0))  # the timings now favour the others
     monkeypatch.setattr(probe, "choose_attention", lambda model, batch, autocast, bf16: ("sdpa", {}, "fake"))
     again = setup(tiny_cfg("model.attention=auto", "trainer.precision=auto"), None)
     assert (again.info["precision"], again.info["attention"]) == ("bf16", "explicit")
@@ -143,9 +144,9 @@ def test_a_cuda_runs_summary_says_its_fp32_ran_as_tf32():
     state."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
     try:
-        run_state.setup_device(torch.device("cuda"), {})
-        assert run_state.numerics(torch.device("cuda")) == {"tf32": True}
-        assert run_state.numerics(torch.device("cpu")) == {}  # a CPU's fp32 is fp32: nothing to add
+        device_setup.setup_device(torch.device("cuda"), {})
+        assert device_setup.numerics(torch.device("cuda")) == {"tf32": True}
+        assert device_setup.numerics(torch.device("cpu")) == {}  # a CPU's fp32 is fp32: nothing to add
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
