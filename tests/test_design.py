@@ -1128,3 +1128,44 @@ def test_runs_ending_inside_a_spike_at_a_tested_width_make_the_verdict_fragile_w
     calm.loc[at6, "test_error"] -= 0.15
     (test,) = design.peak_tests(calm, pilot_sd=0.015, effect=0.05)
     assert test.spiked_runs == 5 and test.verdict == "not reproduced"  # one seed left: no power, nothing fragile
+
+
+def noisy_centre_frame(seeds=8, extra=0.135, sd=0.15, seed=1):
+    """Threshold 8 (critical width 6, neighbours 3 and 12); the test error at width 6 stands ``extra`` above the
+    falling curve, with a per-seed spread ``sd`` there (an unstable recipe at the tested width)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(seeds):
+        noise6 = rng.normal(0, sd)
+        for w in [2, 3, 4, 6, 8, 12, 16, 32]:
+            train = 0.0 if w >= 8 else 0.3 * (1 - w / 8) + 0.02
+            test = 0.7 - 0.05 * np.log2(w) + rng.normal(0, 0.005) + (extra + noise6 if w == 6 else 0)
+            rows.append({"status": "completed", "model.width": w, "label_noise.p": 0.2, "seed": s,
+                         "train_error": train, "test_error": test})
+    return pd.DataFrame(rows)
+
+
+def test_not_reproduced_needs_the_observed_peaks_upper_bound_below_the_effect():
+    """Review 2026-11-29 (design, D1): "not reproduced" was returned whenever p >= 0.05 and the pilot's mde was at most
+    the effect, never looking at the observed height: a noisy main run whose peak stood 0.062 above both neighbours
+    (p 0.057, effect 0.05) read "not reproduced". The one-sided 95% upper bound of the height (the side whose mean
+    is the height) must lie below the effect too; and the mde must be below the effect (issue 26), not equal."""
+    df = noisy_centre_frame()
+    (t,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05, grids={})
+    assert t.p_value >= 0.05 and t.mde < 0.05 and t.height > 0.05
+    from scipy import stats
+    x = df.pivot(index="seed", columns="model.width", values="test_error")
+    side = x[6] - (x[3] if t.vs_left <= t.vs_right else x[12])  # the side whose mean is the height
+    assert side.mean() == pytest.approx(t.height)
+    assert t.verdict.startswith("inconclusive (observed height 0.062, upper bound "), t.verdict
+    assert "above the published effect 0.050" in t.verdict
+    # the bound is mean + t(0.95, k - 1) sd / sqrt(k) of the height's side
+    assert t.height_upper == pytest.approx(side.mean() + stats.t.ppf(0.95, 7) * side.std() / np.sqrt(8), rel=1e-9)
+    # a flat curve with the same pilot power: the bound lies below the effect, "not reproduced" stands
+    (flat,) = design.peak_tests(noisy_centre_frame(extra=-0.1, sd=0.005), pilot_sd=0.015, effect=0.05, grids={})
+    assert flat.height_upper < 0.05 and flat.verdict == "not reproduced"
+    # the bound alone: a height whose bound reaches the effect is inconclusive, and so is an mde equal to it
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0, upper=0.01) == "not reproduced"
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0, upper=0.05).startswith("inconclusive (observed height -0.030")
+    assert design.verdict(0.9, -0.03, 0.05, 0.05, 0, upper=0.01).startswith("inconclusive (the design detects 0.050")
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0).startswith("inconclusive")  # no bound given: no absence
