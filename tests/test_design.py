@@ -1169,3 +1169,57 @@ def test_not_reproduced_needs_the_observed_peaks_upper_bound_below_the_effect():
     assert design.verdict(0.9, -0.03, 0.04, 0.05, 0, upper=0.05).startswith("inconclusive (observed height -0.030")
     assert design.verdict(0.9, -0.03, 0.05, 0.05, 0, upper=0.01).startswith("inconclusive (the design detects 0.050")
     assert design.verdict(0.9, -0.03, 0.04, 0.05, 0).startswith("inconclusive")  # no bound given: no absence
+
+
+def test_the_pilots_spread_estimates_one_runs_variance_where_a_seed_was_rerun_with_different_results():
+    """Review 2026-11-29 (design, D2): the CIFAR-10 pilot reran C1 = 8 at seeds 0 and 1 with different results, and
+    spread() averaged each seed's reruns into one value: the sd of a mean of reruns, biased low against the single
+    run per seed the main test faces. Simulated pilots (numpy): 9 widths x 4 seeds, each (width, seed) run 1-3
+    times, a seed's draw (sd 0.01) shared by its reruns, each run its own (sd 0.02, a nondeterministic GPU run).
+    Averaged, E[sd^2] was 0.69 of one run's variance; the variance of the per-seed means plus the pooled rerun
+    variance times mean(1 - 1/r) (``one_run_variance``, as ``spread`` computes it) is unbiased, for one width and
+    for a contrast of two."""
+    rng = np.random.default_rng(0)
+    draws, widths, seeds, seed_sd, rerun_sd = 20000, 9, 4, 0.01, 0.02
+    one = seed_sd**2 + rerun_sd**2
+    r = rng.integers(1, 4, (draws, widths, seeds))  # runs per (width, seed)
+    runs = rng.normal(0, rerun_sd, (draws, widths, seeds, 3))
+    kept = np.arange(3) < r[..., None]
+    means = rng.normal(0, seed_sd, (draws, widths, seeds)) + (runs * kept).sum(-1) / r
+    cell_mean = (runs * kept).sum(-1) / r
+    within = (((runs - cell_mean[..., None]) ** 2) * kept).sum((1, 2, 3))
+    e2 = within / (r - 1).sum((1, 2))  # the pooled rerun variance of each pilot
+    naive = means.var(-1, ddof=1).mean(-1)
+    fixed = np.array([np.mean([design.power.one_run_variance(means[i, w].var(ddof=1), 1 - 1 / r[i, w], e2[i])
+                               for w in range(widths)]) for i in range(2000)])
+    assert naive.mean() == pytest.approx(one * 0.69, rel=0.03)  # the bias the review found
+    assert fixed.mean() == pytest.approx(one, rel=0.03)
+    contrast = means[:, 1] - means[:, 0]  # a contrast of two widths
+    lost = (1 - 1 / r[:, 1]) + (1 - 1 / r[:, 0])
+    fixed = [design.power.one_run_variance(contrast[i].var(ddof=1), lost[i], e2[i]) for i in range(draws)]
+    assert np.mean(fixed) == pytest.approx(2 * one, rel=0.03)
+
+
+def test_the_pilots_spread_counts_reruns_by_the_rule_and_says_so(tmp_path):
+    """spread() applies ``one_run_variance`` and the declared-test output says how many reruns it found and how it
+    counted them: a pilot whose width 12 ran twice at every seed with different results."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02))
+    again = df[df["model.width"] == 12].assign(run_dir=lambda d: d["run_dir"] + "-rerun",
+                                               test_error=lambda d: d["test_error"] + [0.03, -0.01, 0.02])
+    with pytest.warns(UserWarning, match="rerun with different results"):
+        sp = design.spread(pd.concat([df, again], ignore_index=True))
+    assert (sp.reruns, sp.rerun_cells, sp.duplicates) == (3, 3, 0)
+    both = pd.concat([df, again]).query("`model.width` == 12")
+    e2 = both.groupby("seed")["test_error"].var().mean()
+    assert sp.rerun_sd == pytest.approx(np.sqrt(e2))
+    x = df.pivot(index="seed", columns="model.width", values="test_error")
+    x[12] = both.groupby("seed")["test_error"].mean()
+    expect = np.mean([x[w].var() for w in WIDTHS]) + e2 * 0.5 / len(WIDTHS)  # width 12: 1 - 1/2 at every seed
+    assert sp.width_sd**2 == pytest.approx(expect)
+    assert sp.right_sd**2 == pytest.approx((x[6] - x[12]).var() + e2 * 0.5)  # the right neighbour of 6 is 12
+    assert sp.left_sd**2 == pytest.approx((x[6] - x[3]).var())
+    assert "reran 3 (curve, width, seed) cells" in sp.rerun_note and "1 - 1/r" in sp.rerun_note
+    with pytest.warns(UserWarning, match="no declared grid"):
+        tests = design.peak_tests(df, sp, 0.05)
+    assert sp.rerun_note in design.tests_markdown(tests, sp)
+    assert design.spread(df).rerun_note.startswith("Reruns: none")

@@ -28,6 +28,7 @@ def plan_markdown(p: dict) -> str:
               f"each), joint power {POWER}:", "",
               "| seeds | smallest detectable contrast |", "|---|---|"]
     lines += [f"| {k} | {v:.4f} |" for k, v in p["mde"].items()]
+    lines += ["", sp.rerun_note]
     lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
     lines += [f"- {k}: {', '.join(f'{w:g}' for w in g) or 'no threshold in the pilot grid'}"
               for k, g in p["grids"].items()]
@@ -46,7 +47,8 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
             f"Pilot contrast sd {pilot.contrast_sd:.4f}, both sides pooled ({pilot.dof} dof); power from "
             f"{pilot.power_source}{interval}. "
             "`contrast_sd`: this run's own pooled sd of the two contrasts over its seeds, beside the pilot's "
-            "(an observation; `mde` uses the pilot's, declared before the run).\n\n"
+            "(an observation; `mde` uses the pilot's, declared before the run). "
+            f"{pilot.rerun_note}\n\n"
             + to_markdown(rows) + "\n")
 
 
