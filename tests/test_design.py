@@ -1223,3 +1223,25 @@ def test_the_pilots_spread_counts_reruns_by_the_rule_and_says_so(tmp_path):
         tests = design.peak_tests(df, sp, 0.05)
     assert sp.rerun_note in design.tests_markdown(tests, sp)
     assert design.spread(df).rerun_note.startswith("Reruns: none")
+
+
+def test_a_test_pooling_several_studies_names_each_with_its_seeds_and_the_reading_before_each_was_added(tmp_path):
+    """Review 2026-11-29 (design, D4): the MNIST convergence arm pools three studies (seeds 2-5, 6, 7-9; the last
+    run two days after the first two had been read: inconclusive on seeds 2-6, not reproduced on 2-9), and the
+    declared test's output named neither the studies nor their seeds. It lists them in the order given, with their
+    seeds and when they ran, says which started after the ones before had finished, and gives the reading on the
+    studies up to each (interim, post hoc beside the declared test)."""
+    root = STUDIES / "double_descent_cnn"
+    out = tmp_path / "t.md"
+    design.main(["test", *[str(root / "records" / d) for d in ("main", "main_seed6", "main_seeds789")],
+                 "--pilot", str(root / "records" / "pilot_gpu"), "--out", str(out)])
+    text = out.read_text()
+    listed = re.search(r"Studies read, in the order given: (.*)", text).group(1)
+    assert listed.index("double_descent_cnn (seeds 2-5") < listed.index("double_descent_cnn_seed6 (seed 6") \
+        < listed.index("double_descent_cnn_seeds789 (seeds 7-9")
+    assert "2026-11-29 06:50-08:03 UTC" in listed
+    assert "started after the last run of the studies before it had finished" in text
+    interim = text[text.index("Interim readings"):]
+    assert "seeds 2-6 (5 seeds): inconclusive (the design detects 0.056" in interim
+    assert "seeds 2-9 (8 seeds): not reproduced" in interim
+    assert "post hoc" in interim
