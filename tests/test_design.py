@@ -1245,3 +1245,21 @@ def test_a_test_pooling_several_studies_names_each_with_its_seeds_and_the_readin
     assert "seeds 2-6 (5 seeds): inconclusive (the design detects 0.056" in interim
     assert "seeds 2-9 (8 seeds): not reproduced" in interim
     assert "post hoc" in interim
+
+
+def test_the_fallback_power_figure_prints_the_interval_of_the_one_width_sd_it_rests_on(tmp_path):
+    """Review 2026-11-29 (design, D3): with no two-sided pilot contrast the power used sqrt(2) x one width's sd, but
+    its interval was NaN and the output printed none, though that sd had 4 dof (CIFAR-10: 0.0187-0.0896 around
+    0.0312, the mde at 8 seeds 0.022-0.104). The fallback has the chi-square interval of the one-width sd's dof."""
+    from scipy import stats
+
+    df = load_runs(write_pilot(tmp_path, seeds=tuple(range(4)), noise_sd=0.02, lrs=(0.02,), sizes=(8192,)))
+    sp = design.spread(df[df["model.width"].isin([4, 6, 8])])
+    assert sp.dof == 0 and sp.width_dof == 3 * 3  # 3 widths x (4 seeds - 1)
+    lo, hi = sp.sd_interval()
+    dof = sp.width_dof
+    assert lo == pytest.approx(sp.power_sd * np.sqrt(dof / stats.chi2.ppf(0.975, dof)))
+    assert hi == pytest.approx(sp.power_sd * np.sqrt(dof / stats.chi2.ppf(0.025, dof)))
+    (t,) = design.peak_tests(df, sp, 0.05, grids={})
+    text = design.tests_markdown([t], sp)
+    assert f"(95% interval {lo:.4f}-{hi:.4f}, from the one-width sd's {dof} dof" in text

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import numpy as np
 import pandas as pd
 
 from analysis.design.grid import NOISE, curve_keys, curve_name
@@ -40,8 +41,9 @@ def plan_markdown(p: dict) -> str:
 def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical") -> str:
     rows = pd.DataFrame([asdict(t) for t in tests])
     lo, hi = pilot.sd_interval()
-    interval = (f" (95% interval {lo:.4f}-{hi:.4f}: the smallest detectable peak `mde` is uncertain in the same "
-                "proportion)" if pilot.dof else "")
+    source = "" if pilot.dof else f", from the one-width sd's {pilot.width_dof} dof"
+    interval = (f" (95% interval {lo:.4f}-{hi:.4f}{source}: the smallest detectable peak `mde` is uncertain in the "
+                "same proportion)" if np.isfinite(lo) else "")
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
             f"Pilot contrast sd {pilot.contrast_sd:.4f}, both sides pooled ({pilot.dof} dof); power from "

@@ -68,6 +68,7 @@ class Spread:
     rerun_cells: int = 0  # (curve, width, seed) cells with such reruns
     rerun_sd: float = np.nan  # pooled sd of test error within a cell's reruns (``reruns`` dof)
     duplicates: int = 0  # runs identical to another of their cell (one run read twice): counted once
+    width_dof: int = 0  # of width_sd: seeds - 1 summed over the (curve, width) groups
 
     @property
     def rerun_note(self) -> str:
@@ -112,18 +113,22 @@ class Spread:
         return self.contrast_sd if self.side is None else max(self.left_sd, self.right_sd)
 
     def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
-        """The ``level`` chi-square interval of ``power_sd`` (NaNs without a contrast): the power figure takes the
-        sd as known, so the smallest detectable peak is uncertain in the same proportion. One side's sd has
-        ``dof / 2`` independent degrees of freedom (each seed of each curve once).
+        """The ``level`` chi-square interval of ``power_sd``: the power figure takes the sd as known, so the smallest
+        detectable peak is uncertain in the same proportion. One side's sd has ``dof / 2`` independent degrees of
+        freedom (each seed of each curve once). Without a contrast (the fallback, sqrt(2) x one width's sd), the
+        interval of that sd on its own ``width_dof`` (NaNs where it has none).
 
         For the pooled sd of both sides: a seed's left and right contrasts share the centre width's error
         (correlation 0.5 when the widths' errors are independent), so their ``dof`` squared deviations carry
         ``dof / (1 + 0.5^2)`` degrees of freedom (the effective dof of two such sample variances pooled); counted as
         ``dof`` the interval covered 92-93%, with this 95-96% (tests/test_design.py)."""
-        if not self.dof:
-            return np.nan, np.nan
         a = (1 - level) / 2
-        sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
+        if not self.dof:  # the fallback, sqrt(2) x one width's sd: that sd's own dof (review 2026-11-29, D3)
+            if not self.width_dof:
+                return np.nan, np.nan
+            sd, dof = self.power_sd, self.width_dof
+        else:
+            sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
         return (float(sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
                 float(sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
 
@@ -229,7 +234,7 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
     sides = {s: float(np.sqrt(2 * v / dof_c)) if dof_c else np.nan for s, v in ss_side.items()}
     return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
                   float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"],
-                  reruns=rr["dof"], rerun_cells=rr["cells"],
+                  reruns=rr["dof"], rerun_cells=rr["cells"], width_dof=int(dof_w),
                   rerun_sd=float(np.sqrt(e2)) if rr["dof"] else np.nan, duplicates=rr["duplicates"])
 
 
