@@ -1263,3 +1263,23 @@ def test_the_fallback_power_figure_prints_the_interval_of_the_one_width_sd_it_re
     (t,) = design.peak_tests(df, sp, 0.05, grids={})
     text = design.tests_markdown([t], sp)
     assert f"(95% interval {lo:.4f}-{hi:.4f}, from the one-width sd's {dof} dof" in text
+
+
+def test_the_declared_test_states_which_pilot_sizes_its_spread_pools_and_each_sizes_figure_post_hoc(tmp_path):
+    """Review 2026-11-29 (design, D5): the pilot is restricted to the main run's lr only (``pilot_at_main_lr``), so
+    its spread pools every pilot n_train though the main run trains at one (MNIST: 1024 and 4096 pooled, mde(8)
+    0.041; 4096 alone 0.0045, 1024 alone 0.057). The rule was in force before the main runs and stays; the output
+    states it, the sizes pooled, and each size's figure, labelled post hoc (sensitivity)."""
+    pilot = write_pilot(tmp_path / "pilot", lrs=(0.02,), sizes=(2048, 8192), seeds=(0, 1, 2), noise_sd=0.02)
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5))
+    out = tmp_path / "t.md"
+    with pytest.warns(UserWarning, match="no declared grid"):
+        design.main(["test", str(main), "--pilot", str(pilot), "--out", str(out)])
+    text = out.read_text()
+    assert "Pilot pooling (the rule in force before the main runs" in text
+    assert "dataset.n_train 2048, 8192 pooled; the main run trains at 8192" in text
+    df = load_runs(pilot)
+    for n in (2048, 8192):
+        alone = design.spread(df[df["dataset.n_train"] == n])
+        assert f"dataset.n_train {n} alone: mde at 3 seeds {alone.mde(3):.4f}" in text
+    assert "Post hoc (sensitivity)" in text
