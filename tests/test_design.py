@@ -1128,3 +1128,158 @@ def test_runs_ending_inside_a_spike_at_a_tested_width_make_the_verdict_fragile_w
     calm.loc[at6, "test_error"] -= 0.15
     (test,) = design.peak_tests(calm, pilot_sd=0.015, effect=0.05)
     assert test.spiked_runs == 5 and test.verdict == "not reproduced"  # one seed left: no power, nothing fragile
+
+
+def noisy_centre_frame(seeds=8, extra=0.135, sd=0.15, seed=1):
+    """Threshold 8 (critical width 6, neighbours 3 and 12); the test error at width 6 stands ``extra`` above the
+    falling curve, with a per-seed spread ``sd`` there (an unstable recipe at the tested width)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(seeds):
+        noise6 = rng.normal(0, sd)
+        for w in [2, 3, 4, 6, 8, 12, 16, 32]:
+            train = 0.0 if w >= 8 else 0.3 * (1 - w / 8) + 0.02
+            test = 0.7 - 0.05 * np.log2(w) + rng.normal(0, 0.005) + (extra + noise6 if w == 6 else 0)
+            rows.append({"status": "completed", "model.width": w, "label_noise.p": 0.2, "seed": s,
+                         "train_error": train, "test_error": test})
+    return pd.DataFrame(rows)
+
+
+def test_not_reproduced_needs_the_observed_peaks_upper_bound_below_the_effect():
+    """Review 2026-11-29 (design, D1): "not reproduced" was returned whenever p >= 0.05 and the pilot's mde was at most
+    the effect, never looking at the observed height: a noisy main run whose peak stood 0.062 above both neighbours
+    (p 0.057, effect 0.05) read "not reproduced". The one-sided 95% upper bound of the height (the side whose mean
+    is the height) must lie below the effect too; and the mde must be below the effect (issue 26), not equal."""
+    df = noisy_centre_frame()
+    (t,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05, grids={})
+    assert t.p_value >= 0.05 and t.mde < 0.05 and t.height > 0.05
+    from scipy import stats
+    x = df.pivot(index="seed", columns="model.width", values="test_error")
+    side = x[6] - (x[3] if t.vs_left <= t.vs_right else x[12])  # the side whose mean is the height
+    assert side.mean() == pytest.approx(t.height)
+    assert t.verdict.startswith("inconclusive (observed height 0.062, upper bound "), t.verdict
+    assert "above the published effect 0.050" in t.verdict
+    # the bound is mean + t(0.95, k - 1) sd / sqrt(k) of the height's side
+    assert t.height_upper == pytest.approx(side.mean() + stats.t.ppf(0.95, 7) * side.std() / np.sqrt(8), rel=1e-9)
+    # a flat curve with the same pilot power: the bound lies below the effect, "not reproduced" stands
+    (flat,) = design.peak_tests(noisy_centre_frame(extra=-0.1, sd=0.005), pilot_sd=0.015, effect=0.05, grids={})
+    assert flat.height_upper < 0.05 and flat.verdict == "not reproduced"
+    # the bound alone: a height whose bound reaches the effect is inconclusive, and so is an mde equal to it
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0, upper=0.01) == "not reproduced"
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0, upper=0.05).startswith("inconclusive (observed height -0.030")
+    assert design.verdict(0.9, -0.03, 0.05, 0.05, 0, upper=0.01).startswith("inconclusive (the design detects 0.050")
+    assert design.verdict(0.9, -0.03, 0.04, 0.05, 0).startswith("inconclusive")  # no bound given: no absence
+
+
+def test_the_pilots_spread_estimates_one_runs_variance_where_a_seed_was_rerun_with_different_results():
+    """Review 2026-11-29 (design, D2): the CIFAR-10 pilot reran C1 = 8 at seeds 0 and 1 with different results, and
+    spread() averaged each seed's reruns into one value: the sd of a mean of reruns, biased low against the single
+    run per seed the main test faces. Simulated pilots (numpy): 9 widths x 4 seeds, each (width, seed) run 1-3
+    times, a seed's draw (sd 0.01) shared by its reruns, each run its own (sd 0.02, a nondeterministic GPU run).
+    Averaged, E[sd^2] was 0.69 of one run's variance; the variance of the per-seed means plus the pooled rerun
+    variance times mean(1 - 1/r) (``one_run_variance``, as ``spread`` computes it) is unbiased, for one width and
+    for a contrast of two."""
+    rng = np.random.default_rng(0)
+    draws, widths, seeds, seed_sd, rerun_sd = 20000, 9, 4, 0.01, 0.02
+    one = seed_sd**2 + rerun_sd**2
+    r = rng.integers(1, 4, (draws, widths, seeds))  # runs per (width, seed)
+    runs = rng.normal(0, rerun_sd, (draws, widths, seeds, 3))
+    kept = np.arange(3) < r[..., None]
+    means = rng.normal(0, seed_sd, (draws, widths, seeds)) + (runs * kept).sum(-1) / r
+    cell_mean = (runs * kept).sum(-1) / r
+    within = (((runs - cell_mean[..., None]) ** 2) * kept).sum((1, 2, 3))
+    e2 = within / (r - 1).sum((1, 2))  # the pooled rerun variance of each pilot
+    naive = means.var(-1, ddof=1).mean(-1)
+    fixed = np.array([np.mean([design.power.one_run_variance(means[i, w].var(ddof=1), 1 - 1 / r[i, w], e2[i])
+                               for w in range(widths)]) for i in range(2000)])
+    assert naive.mean() == pytest.approx(one * 0.69, rel=0.03)  # the bias the review found
+    assert fixed.mean() == pytest.approx(one, rel=0.03)
+    contrast = means[:, 1] - means[:, 0]  # a contrast of two widths
+    lost = (1 - 1 / r[:, 1]) + (1 - 1 / r[:, 0])
+    fixed = [design.power.one_run_variance(contrast[i].var(ddof=1), lost[i], e2[i]) for i in range(draws)]
+    assert np.mean(fixed) == pytest.approx(2 * one, rel=0.03)
+
+
+def test_the_pilots_spread_counts_reruns_by_the_rule_and_says_so(tmp_path):
+    """spread() applies ``one_run_variance`` and the declared-test output says how many reruns it found and how it
+    counted them: a pilot whose width 12 ran twice at every seed with different results."""
+    df = load_runs(write_pilot(tmp_path, seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02))
+    again = df[df["model.width"] == 12].assign(run_dir=lambda d: d["run_dir"] + "-rerun",
+                                               test_error=lambda d: d["test_error"] + [0.03, -0.01, 0.02])
+    with pytest.warns(UserWarning, match="rerun with different results"):
+        sp = design.spread(pd.concat([df, again], ignore_index=True))
+    assert (sp.reruns, sp.rerun_cells, sp.duplicates) == (3, 3, 0)
+    both = pd.concat([df, again]).query("`model.width` == 12")
+    e2 = both.groupby("seed")["test_error"].var().mean()
+    assert sp.rerun_sd == pytest.approx(np.sqrt(e2))
+    x = df.pivot(index="seed", columns="model.width", values="test_error")
+    x[12] = both.groupby("seed")["test_error"].mean()
+    expect = np.mean([x[w].var() for w in WIDTHS]) + e2 * 0.5 / len(WIDTHS)  # width 12: 1 - 1/2 at every seed
+    assert sp.width_sd**2 == pytest.approx(expect)
+    assert sp.right_sd**2 == pytest.approx((x[6] - x[12]).var() + e2 * 0.5)  # the right neighbour of 6 is 12
+    assert sp.left_sd**2 == pytest.approx((x[6] - x[3]).var())
+    assert "reran 3 (curve, width, seed) cells" in sp.rerun_note and "1 - 1/r" in sp.rerun_note
+    with pytest.warns(UserWarning, match="no declared grid"):
+        tests = design.peak_tests(df, sp, 0.05)
+    assert sp.rerun_note in design.tests_markdown(tests, sp)
+    assert design.spread(df).rerun_note.startswith("Reruns: none")
+
+
+def test_a_test_pooling_several_studies_names_each_with_its_seeds_and_the_reading_before_each_was_added(tmp_path):
+    """Review 2026-11-29 (design, D4): the MNIST convergence arm pools three studies (seeds 2-5, 6, 7-9; the last
+    run two days after the first two had been read: inconclusive on seeds 2-6, not reproduced on 2-9), and the
+    declared test's output named neither the studies nor their seeds. It lists them in the order given, with their
+    seeds and when they ran, says which started after the ones before had finished, and gives the reading on the
+    studies up to each (interim, post hoc beside the declared test)."""
+    root = STUDIES / "double_descent_cnn"
+    out = tmp_path / "t.md"
+    design.main(["test", *[str(root / "records" / d) for d in ("main", "main_seed6", "main_seeds789")],
+                 "--pilot", str(root / "records" / "pilot_gpu"), "--out", str(out)])
+    text = out.read_text()
+    listed = re.search(r"Studies read, in the order given: (.*)", text).group(1)
+    assert listed.index("double_descent_cnn (seeds 2-5") < listed.index("double_descent_cnn_seed6 (seed 6") \
+        < listed.index("double_descent_cnn_seeds789 (seeds 7-9")
+    assert "2026-11-29 06:50-08:03 UTC" in listed
+    assert "started after the last run of the studies before it had finished" in text
+    interim = text[text.index("Interim readings"):]
+    assert "seeds 2-6 (5 seeds): inconclusive (the design detects 0.056" in interim
+    assert "seeds 2-9 (8 seeds): not reproduced" in interim
+    assert "post hoc" in interim
+
+
+def test_the_fallback_power_figure_prints_the_interval_of_the_one_width_sd_it_rests_on(tmp_path):
+    """Review 2026-11-29 (design, D3): with no two-sided pilot contrast the power used sqrt(2) x one width's sd, but
+    its interval was NaN and the output printed none, though that sd had 4 dof (CIFAR-10: 0.0187-0.0896 around
+    0.0312, the mde at 8 seeds 0.022-0.104). The fallback has the chi-square interval of the one-width sd's dof."""
+    from scipy import stats
+
+    df = load_runs(write_pilot(tmp_path, seeds=tuple(range(4)), noise_sd=0.02, lrs=(0.02,), sizes=(8192,)))
+    sp = design.spread(df[df["model.width"].isin([4, 6, 8])])
+    assert sp.dof == 0 and sp.width_dof == 3 * 3  # 3 widths x (4 seeds - 1)
+    lo, hi = sp.sd_interval()
+    dof = sp.width_dof
+    assert lo == pytest.approx(sp.power_sd * np.sqrt(dof / stats.chi2.ppf(0.975, dof)))
+    assert hi == pytest.approx(sp.power_sd * np.sqrt(dof / stats.chi2.ppf(0.025, dof)))
+    (t,) = design.peak_tests(df, sp, 0.05, grids={})
+    text = design.tests_markdown([t], sp)
+    assert f"(95% interval {lo:.4f}-{hi:.4f}, from the one-width sd's {dof} dof" in text
+
+
+def test_the_declared_test_states_which_pilot_sizes_its_spread_pools_and_each_sizes_figure_post_hoc(tmp_path):
+    """Review 2026-11-29 (design, D5): the pilot is restricted to the main run's lr only (``pilot_at_main_lr``), so
+    its spread pools every pilot n_train though the main run trains at one (MNIST: 1024 and 4096 pooled, mde(8)
+    0.041; 4096 alone 0.0045, 1024 alone 0.057). The rule was in force before the main runs and stays; the output
+    states it, the sizes pooled, and each size's figure, labelled post hoc (sensitivity)."""
+    pilot = write_pilot(tmp_path / "pilot", lrs=(0.02,), sizes=(2048, 8192), seeds=(0, 1, 2), noise_sd=0.02)
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5))
+    out = tmp_path / "t.md"
+    with pytest.warns(UserWarning, match="no declared grid"):
+        design.main(["test", str(main), "--pilot", str(pilot), "--out", str(out)])
+    text = out.read_text()
+    assert "Pilot pooling (the rule in force before the main runs" in text
+    assert "dataset.n_train 2048, 8192 pooled; the main run trains at 8192" in text
+    df = load_runs(pilot)
+    for n in (2048, 8192):
+        alone = design.spread(df[df["dataset.n_train"] == n])
+        assert f"dataset.n_train {n} alone: mde at 3 seeds {alone.mde(3):.4f}" in text
+    assert "Post hoc (sensitivity)" in text

@@ -32,7 +32,9 @@ side, sqrt(2) x one width's seed sd, ``Spread.power_sd``, and the output says wh
 ``python -m analysis.design test MAIN_DIR... --pilot PILOT_DIR... --effect 0.05`` applies exactly that test to
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
 significant; *not reproduced* only where it is not and the smallest effect detectable with the main run's seeds,
-from the pilot's spread, is below the published effect; otherwise *inconclusive*, with what would settle it.
+from the pilot's spread, is below the published effect and the one-sided 95% upper bound of the observed height
+(``height_upper``: the height's side, mean + t sd / sqrt(k) over the run's seeds) lies below it too; otherwise
+*inconclusive*, with what would settle it.
 A flagged (collapsed or stalled) run at one of the three widths makes the verdict inconclusive: a failed
 training is not a test-error value. A run that ended inside a loss spike (``ended_in_spike``: a learned model read
 at a transient) is read as declared, at its final errors, but the verdict says "fragile" where such runs decide it:

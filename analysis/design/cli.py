@@ -4,16 +4,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 import numpy as np
+import pandas as pd
 
 from analysis.design.capped import with_capped
 from analysis.design.compare import compare, compare_markdown
 from analysis.design.grid import _declared_grids
 from analysis.design.markdown import curves_markdown, machine_note, plan_markdown, precision_note, tests_markdown
 from analysis.design.peaks import NO_GRID, peak_tests
-from analysis.design.plan import choose_main, main_overrides, pilot_at_main_lr, plan
+from analysis.design.plan import choose_main, main_overrides, pilot_at_main_lr, plan, pooling_note
 from analysis.design.power import spread
+from analysis.design.sources import sources_markdown
 from analysis.design.spikes import spike_note
 from analysis.design.thresholds import CENTERS
 from analysis.double_descent import width_column
@@ -88,11 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         main_runs = load_runs(a.paths, optuna_state=False)
         pilot = pilot_at_main_lr(pilot, main_runs, a.tol)
         sp = spread(pilot, tol=a.tol, rule=a.center)
-        if a.capped_from:
-            main_runs = with_capped(main_runs, load_runs(a.capped_from, optuna_state=False))
+        capped = load_runs(a.capped_from, optuna_state=False) if a.capped_from else None
+        own = main_runs
+        if capped is not None:
+            main_runs = with_capped(main_runs, capped)
         grids = _declared_grids(main_runs)
-        text = tests_markdown(peak_tests(main_runs, sp, a.effect, tol=a.tol, rule=a.center, grids=grids), sp,
-                              a.center)
+        tests = peak_tests(main_runs, sp, a.effect, tol=a.tol, rule=a.center, grids=grids)
+        text = tests_markdown(tests, sp, a.center)
+
+        def reading(upto: list) -> list:  # the same test on the studies up to one (the interim readings)
+            sel = own[pd.Series(list(zip(own["study_storage"], own["study_name"], strict=True)),
+                                index=own.index).isin(upto)]
+            sel.attrs = own.attrs
+            runs = with_capped(sel, capped) if capped is not None else sel
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return peak_tests(runs, sp, a.effect, tol=a.tol, rule=a.center, grids=_declared_grids(runs))
+
+        text += sources_markdown(main_runs, reading)
+        text += pooling_note(pilot, main_runs, max([t.seeds for t in tests] or [0]), a.tol, a.center)
         text += spike_note(main_runs) + precision_note(main_runs) + machine_note(main_runs)
         if not grids:
             text += "\n" + NO_GRID[0].upper() + NO_GRID[1:] + ".\n"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import numpy as np
 import pandas as pd
 
 from analysis.design.grid import NOISE, curve_keys, curve_name
@@ -28,6 +29,7 @@ def plan_markdown(p: dict) -> str:
               f"each), joint power {POWER}:", "",
               "| seeds | smallest detectable contrast |", "|---|---|"]
     lines += [f"| {k} | {v:.4f} |" for k, v in p["mde"].items()]
+    lines += ["", sp.rerun_note]
     lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
     lines += [f"- {k}: {', '.join(f'{w:g}' for w in g) or 'no threshold in the pilot grid'}"
               for k, g in p["grids"].items()]
@@ -39,14 +41,16 @@ def plan_markdown(p: dict) -> str:
 def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical") -> str:
     rows = pd.DataFrame([asdict(t) for t in tests])
     lo, hi = pilot.sd_interval()
-    interval = (f" (95% interval {lo:.4f}-{hi:.4f}: the smallest detectable peak `mde` is uncertain in the same "
-                "proportion)" if pilot.dof else "")
+    source = "" if pilot.dof else f", from the one-width sd's {pilot.width_dof} dof"
+    interval = (f" (95% interval {lo:.4f}-{hi:.4f}{source}: the smallest detectable peak `mde` is uncertain in the "
+                "same proportion)" if np.isfinite(lo) else "")
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
             f"Pilot contrast sd {pilot.contrast_sd:.4f}, both sides pooled ({pilot.dof} dof); power from "
             f"{pilot.power_source}{interval}. "
             "`contrast_sd`: this run's own pooled sd of the two contrasts over its seeds, beside the pilot's "
-            "(an observation; `mde` uses the pilot's, declared before the run).\n\n"
+            "(an observation; `mde` uses the pilot's, declared before the run). "
+            f"{pilot.rerun_note}\n\n"
             + to_markdown(rows) + "\n")
 
 

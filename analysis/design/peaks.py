@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis.design.grid import (
     CURVE_KEYS,
@@ -36,6 +37,7 @@ class PeakTest:
     vs_left: float  # mean over seeds of test(T) - test(left)
     vs_right: float  # mean over seeds of test(T) - test(right)
     height: float  # the smaller of the two: how far the threshold's test error stands above both neighbours
+    height_upper: float  # one-sided (1 - alpha) upper bound of the height: its side's mean + t(1 - alpha, k - 1) se
     p_value: float  # the larger of the two one-sided paired t-tests' p (intersection-union test of a peak)
     flagged_runs: int
     contrast_sd: float  # this run's own pooled sd of the two contrasts over its seeds (an observation beside the
@@ -48,14 +50,19 @@ class PeakTest:
 
 def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
             missing: str | None = None, unread: str | None = None, no_p: str | None = None,
-            deciding: int = 0, spikes: tuple[int, str] = (0, ""), without: str = "") -> str:
+            deciding: int = 0, spikes: tuple[int, str] = (0, ""), without: str = "", upper: float = np.nan) -> str:
     """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring.
+    "Not reproduced" needs the smallest detectable peak ``detectable`` below ``effect`` and ``upper``, the one-sided
+    upper confidence bound of the observed height ``mean`` (``height_upper``), below it too: a peak observed as high
+    as the effect, or one the run's own spread cannot bound below it, is not evidence of absence (review
+    2026-11-29, D1: a run with a peak 0.062 above both neighbours at p 0.057 read "not reproduced"). Without
+    ``upper`` (NaN) the verdict is never "not reproduced".
     ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value; ``deciding``: flagged
     runs that decide where the test is centred (``deciding_flags``); ``spikes``: runs whose end-of-run spikes decide
     it and the centre read without them (``spike_centre``), and ``without``: what the test reads without the seeds
     whose runs at the tested widths ended inside a spike, where that is another verdict: either makes the verdict
     "fragile", said in it."""
-    says = _verdict(p, mean, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
+    says = _verdict(p, mean, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, upper)
     fragile = []
     if spikes[0]:
         whose = "runs'" if spikes[0] > 1 else "run's"
@@ -68,7 +75,7 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
 
 
 def _verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float,
-             missing: str | None, unread: str | None, no_p: str | None, deciding: int) -> str:
+             missing: str | None, unread: str | None, no_p: str | None, deciding: int, upper: float = np.nan) -> str:
     if missing:
         return f"inconclusive (grid unfinished: {missing})"
     if unread:
@@ -82,13 +89,29 @@ def _verdict(p: float, mean: float, detectable: float, effect: float, flagged: i
         return f"inconclusive ({no_p or 'no threshold with a neighbour on each side in the grid'})"
     if p < alpha and mean > 0:
         return "reproduced"
-    if np.isfinite(detectable) and detectable <= effect:
-        return "not reproduced"
+    if np.isfinite(detectable) and detectable < effect:  # issue 26: "below" the published effect
+        if np.isfinite(upper) and upper < effect:
+            return "not reproduced"
+        bound = f"upper bound {upper:.3f}" if np.isfinite(upper) else "no upper bound given"
+        return (f"inconclusive (observed height {mean:.3f}, {bound} above the published effect {effect:.3f}: "
+                "the run's own spread does not bound the peak below it; more seeds would settle it)")
     if not np.isfinite(detectable):
         return ("inconclusive (no power figure: the pilot measured no seed spread, or too few seeds finished; a "
                 "pilot with two or more seeds that differ would settle what the design can detect)")
     return (f"inconclusive (the design detects {detectable:.3f} and up, the published effect is taken as "
             f"{effect:.3f}: more seeds would settle it)")
+
+
+def height_upper(d: pd.DataFrame, alpha: float = ALPHA) -> float:
+    """The one-sided ``1 - alpha`` upper confidence bound of the peak's height from the per-seed contrasts ``d``
+    (``peak_contrast``): on the side whose mean is the height (the smaller mean), mean + t(1 - alpha, k - 1) sd /
+    sqrt(k), as the paired t-tests read it; NaN with fewer than 2 seeds."""
+    k = len(d)
+    if k < 2:
+        return np.nan
+    means = d[["left", "right"]].mean()
+    side = d["left" if means["left"] <= means["right"] else "right"]
+    return float(side.mean() + stats.t.ppf(1 - alpha, k - 1) * side.std() / np.sqrt(k))
 
 
 def unscored(c: pd.DataFrame, width: str) -> str | None:
@@ -144,6 +167,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
         deciding = deciding_flags(c, width, tol, rule) if len(c) else 0
         spikes = spike_centre(c, width, tol, rule) if len(c) else (0, "")
         k, p, means, height, detectable, no_p = _contrast_test(d, lo, hi, never, tol, pilot_sd, alpha)
+        upper = height_upper(d, alpha)
         unread = unscored(c, width)
         # runs at the tested widths that ended inside a spike: their test errors read it. Fragile where they decide
         # the verdict: a peak that is not significant without their seeds, or no peak where the seeds left show one
@@ -151,21 +175,24 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
         spiked_seeds = set(tested.loc[tested["ended_in_spike"], SEED]) if spiked else set()
         without = ""
         if spiked_seeds and not missing:
-            _, kp, _, kept_height, kd, kno = _contrast_test(d[~d.index.isin(spiked_seeds)], lo, hi, never, tol,
-                                                            pilot_sd, alpha)
-            kept = verdict(kp, kept_height, kd, effect, flagged, alpha, missing, unread, kno, deciding)
-            ours = _verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding)
+            kept_d = d[~d.index.isin(spiked_seeds)]
+            _, kp, _, kept_height, kd, kno = _contrast_test(kept_d, lo, hi, never, tol, pilot_sd, alpha)
+            kept = verdict(kp, kept_height, kd, effect, flagged, alpha, missing, unread, kno, deciding,
+                           upper=height_upper(kept_d, alpha))
+            ours = _verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, upper)
             ours, kept_says = ours.split(" (")[0], kept.split(" (")[0]
             if ((ours == "reproduced" and kept_says != "reproduced")
                     or (ours != "reproduced" and (kept_says == "reproduced" or kept_height >= effect))):
                 n = len(spiked_seeds)
                 without = (f"{spiked} run{'s' if spiked > 1 else ''} at the tested widths ended inside a loss spike; "
                            f"without {'its seed' if n == 1 else f'their {n} seeds'} the test reads {kept}")
-        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, spikes, without)
+        says = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, spikes, without,
+                       upper)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
-        out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, p, flagged,
+        out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, upper, p, flagged,
                             own, detectable, effect, spiked, says))
-    out += [PeakTest(curve_name(keys, key), np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, 0, np.nan, np.nan,
+    out += [PeakTest(curve_name(keys, key), np.nan, None, None, 0, np.nan, np.nan, np.nan, np.nan, np.nan, 0, np.nan,
+                     np.nan,
                      effect, 0, verdict(np.nan, np.nan, np.nan, effect, 0, alpha,
                                      f"0 of {len(pairs)} runs finished, {len(pairs)} not started"))
             for key, pairs in declared.items()]  # declared curves with no run at all

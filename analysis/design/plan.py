@@ -1,6 +1,8 @@
 """Reading a pilot: collapses, the lr rule, thresholds and spread, and the main run they choose."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -141,3 +143,42 @@ def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 
                          "collapsed or stalled at its threshold widths), and the main runs name no single lr: no "
                          "pilot spread belongs to them")
     return pilot[np.isclose(pilot[LR].astype(float), lr)]
+
+
+def pooling_note(pilot: pd.DataFrame, main_runs: pd.DataFrame, seeds: int, tol: float = 0.01,
+                 rule: str = "critical") -> str:
+    """What the power figure's pilot spread pools (``pilot``: the pilot at the main run's lr, as
+    ``pilot_at_main_lr`` gives it): the rule, which was in force before the main runs and stays (changing it after
+    them would be post hoc), the training-set sizes and noise levels it pools against the main run's, and, where it
+    pools several sizes, each size's smallest detectable peak at ``seeds`` seeds alone, labelled post hoc
+    (sensitivity) (review 2026-11-29, design D5)."""
+    from analysis.design.power import spread
+
+    done = completed_only(pilot, "pooling_note")
+    done = done[~_flagged(done)]
+
+    def values(df: pd.DataFrame, key: str) -> list:
+        return sorted(df[key].dropna().unique()) if key in df else []
+
+    parts = []
+    for key in ("dataset.n_train", NOISE):
+        ours, theirs = values(done, key), values(main_runs, key)
+        if ours:
+            parts.append(f"{key} {', '.join(f'{v:g}' for v in ours)} {'pooled' if len(ours) > 1 else 'only'}; "
+                         "the main run trains at "
+                         + (", ".join(f"{v:g}" for v in theirs) or "none recorded"))
+    text = ("\nPilot pooling (the rule in force before the main runs, `pilot_at_main_lr`: the pilot's finished, "
+            "unflagged runs at the main run's lr, every training-set size and noise level pooled; kept as "
+            "declared): " + "; ".join(parts) + ".")
+    sizes = values(done, "dataset.n_train")
+    if len(sizes) > 1:
+        alone = []
+        for n in sizes:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sp = spread(pilot[pilot["dataset.n_train"] == n], tol=tol, rule=rule)
+            alone.append(f"dataset.n_train {n:g} alone: mde at {seeds} seeds {sp.mde(seeds):.4f} (power sd "
+                         f"{sp.power_sd:.4f})")
+        text += (" Post hoc (sensitivity), not the declared figure: the spread of each size alone: "
+                 + "; ".join(alone) + ".")
+    return text + "\n"

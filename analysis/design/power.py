@@ -1,16 +1,17 @@
 """The paired contrast test and its power: the smallest detectable peak and the pilot's seed spread."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.design.grid import NOISE, curve_keys
+from analysis.design.grid import NOISE, SEED, curve_keys
 from analysis.design.thresholds import _flagged, center, peak_contrast
 from analysis.double_descent import width_column
-from analysis.frames import completed_only, one_run_per_seed
+from analysis.frames import _recipe_differences, completed_only
 
 ALPHA, POWER = 0.05, 0.8
 
@@ -63,6 +64,27 @@ class Spread:
     curves: int
     left_sd: float = np.nan  # pooled sd over seeds of the left contrast alone (dof / 2)
     right_sd: float = np.nan  # and of the right
+    reruns: int = 0  # pilot runs beyond the first of a (curve, width, seed) whose results differ (genuine reruns)
+    rerun_cells: int = 0  # (curve, width, seed) cells with such reruns
+    rerun_sd: float = np.nan  # pooled sd of test error within a cell's reruns (``reruns`` dof)
+    duplicates: int = 0  # runs identical to another of their cell (one run read twice): counted once
+    width_dof: int = 0  # of width_sd: seeds - 1 summed over the (curve, width) groups
+
+    @property
+    def rerun_note(self) -> str:
+        """How the pilot's repeated (curve, width, seed) cells were counted, for the printed output."""
+        n = self.duplicates
+        dup = (f"; {n} run{'s' if n != 1 else ''} identical to another of {'their' if n != 1 else 'its'} (curve, "
+               "width, seed) (the same run read twice) counted once" if n else "")
+        if not self.reruns:
+            return f"Reruns: none (each (curve, width, seed) of the pilot ran once{dup})."
+        return (f"Reruns: the pilot reran {self.rerun_cells} (curve, width, seed) cell"
+                f"{'s' if self.rerun_cells != 1 else ''} with different results ({self.reruns} extra "
+                f"run{'s' if self.reruns != 1 else ''}; rerun sd {self.rerun_sd:.4f}, pooled over the cells, "
+                f"{self.reruns} dof){dup}. A seed's reruns are averaged into one value, and each variance above is "
+                "that of the per-seed values plus the pooled rerun variance x mean(1 - 1/r) over the seeds (r: a "
+                "seed's runs at a width, each width of a contrast counted), so it estimates one run's variance, "
+                "which the main test's single run per seed faces.")
 
     @property
     def side(self) -> str | None:
@@ -91,18 +113,22 @@ class Spread:
         return self.contrast_sd if self.side is None else max(self.left_sd, self.right_sd)
 
     def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
-        """The ``level`` chi-square interval of ``power_sd`` (NaNs without a contrast): the power figure takes the
-        sd as known, so the smallest detectable peak is uncertain in the same proportion. One side's sd has
-        ``dof / 2`` independent degrees of freedom (each seed of each curve once).
+        """The ``level`` chi-square interval of ``power_sd``: the power figure takes the sd as known, so the smallest
+        detectable peak is uncertain in the same proportion. One side's sd has ``dof / 2`` independent degrees of
+        freedom (each seed of each curve once). Without a contrast (the fallback, sqrt(2) x one width's sd), the
+        interval of that sd on its own ``width_dof`` (NaNs where it has none).
 
         For the pooled sd of both sides: a seed's left and right contrasts share the centre width's error
         (correlation 0.5 when the widths' errors are independent), so their ``dof`` squared deviations carry
         ``dof / (1 + 0.5^2)`` degrees of freedom (the effective dof of two such sample variances pooled); counted as
         ``dof`` the interval covered 92-93%, with this 95-96% (tests/test_design.py)."""
-        if not self.dof:
-            return np.nan, np.nan
         a = (1 - level) / 2
-        sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
+        if not self.dof:  # the fallback, sqrt(2) x one width's sd: that sd's own dof (review 2026-11-29, D3)
+            if not self.width_dof:
+                return np.nan, np.nan
+            sd, dof = self.power_sd, self.width_dof
+        else:
+            sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
         return (float(sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
                 float(sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
 
@@ -120,37 +146,96 @@ class Spread:
                 "had a neighbour on each side)")
 
 
+def one_run_variance(var_of_means: float, lost, rerun_var: float) -> float:
+    """One run's variance from the variance over seeds of per-seed values, each a mean of a seed's reruns whose own
+    variance is ``rerun_var``: ``var_of_means + rerun_var x mean(lost)``, where ``lost`` is, per seed, the share of
+    the rerun variance the averaging took away: ``1 - 1/r`` for one width run r times, the sum over a contrast's two
+    widths. A seed's mean of r reruns has variance ``seed_var + rerun_var / r``, and the sample variance of values
+    of unequal variances has for expectation their mean, so this is unbiased for ``seed_var + rerun_var``, one
+    run's (with an unbiased ``rerun_var``). No reruns (``rerun_var`` 0 or every ``lost`` 0) leave it as is."""
+    return float(var_of_means + rerun_var * np.mean(np.asarray(lost, float))) if rerun_var else float(var_of_means)
+
+
+def _one_run_per_cell(df: pd.DataFrame, keys: list[str], who: str) -> tuple[pd.DataFrame, dict]:
+    """``df`` with one row per (``keys``, seed): its runs' mean test and train error and ``runs`` (r), and what
+    the repeats were. A run identical to another of its cell (test and train error: one run read twice) is dropped
+    first, with a warning; runs of one cell that differ in a recipe key are refused (two recipes, not one seed run
+    twice, ``analysis.frames.one_run_per_seed``'s rule); the rest are genuine reruns, whose pooled within-cell
+    variance of test error is returned (``ss``, ``dof``) with their count."""
+    if SEED not in df.columns or df[SEED].isna().all():
+        return df.assign(runs=1), {"ss": 0.0, "dof": 0, "cells": 0, "duplicates": 0}
+    cols = [*keys, SEED]
+    dup = df.duplicated(cols, keep=False) & df[SEED].notna()
+    if dup.any():
+        differ = _recipe_differences(df[dup], cols)
+        if differ:
+            named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+            raise ValueError(f"{who}: runs of one ({', '.join(cols)}) differ in {named}: two recipes, not one seed "
+                             f"run twice; keep them apart (by={[*differ]!r}, or a groupby on them) or read one "
+                             "study's folders")
+    same = df.duplicated([*cols, "test_error", "train_error"]) & df[SEED].notna()
+    if same.any():
+        warnings.warn(f"{who}: {int(same.sum())} runs repeat a seed of the same setting ({', '.join(cols)}) with "
+                      "identical results (one run read twice): counted once", stacklevel=3)
+    df = df[~same]
+    g = df.groupby(cols, dropna=False, sort=False)
+    out = g[["test_error", "train_error"]].mean().assign(runs=g.size()).reset_index()
+    r = out["runs"]
+    v = g["test_error"].var().reset_index(drop=True)  # NaN for a single run
+    ss = float((v[r > 1] * (r[r > 1] - 1)).sum())
+    dof = int((r - 1).sum())
+    if dof:
+        warnings.warn(f"{who}: {int((r > 1).sum())} (curve, width, seed) cells were rerun with different results "
+                      f"({dof} extra runs): each seed's runs are averaged, and the pooled rerun variance x mean(1 - "
+                      "1/r) is added back so the spread is one run's", stacklevel=3)
+    return out, {"ss": ss, "dof": dof, "cells": int((r > 1).sum()), "duplicates": int(same.sum())}
+
+
 def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: str = "critical") -> Spread:
-    """Seed spread of the pilot's curves (unflagged runs; runs repeating a (curve, width, seed) averaged into one, with
-    a warning): of the contrast at each curve's threshold, and of a single width's test error, both pooled (sum of
-    squares over degrees of freedom)."""
+    """Seed spread of the pilot's curves (unflagged runs): of the contrast at each curve's threshold, and of a single
+    width's test error, both pooled (sum of squares over degrees of freedom), as the variance of a single run per
+    seed, which is what the main test reads.
+
+    Repeats of a (curve, width, seed): a run identical to another (the pilot read from two folders) is counted once;
+    genuine reruns that differ (a width rerun in a second pilot sweep, nondeterministic on a GPU) are averaged into
+    one value per seed, whose variance over seeds understates one run's (the sd of a mean of reruns: the CIFAR-10
+    pilot reran C1 = 8 at seeds 0 and 1, review 2026-11-29, D2). The rule: each group's variance over seeds is the
+    variance of the per-seed means plus ``s_e^2 x mean(1 - 1/r)`` over its seeds, where ``s_e^2`` is the rerun
+    variance of test error pooled over every rerun cell (assumed the same at every width) and ``r`` a seed's runs
+    at that width; for a contrast the term is ``s_e^2 x mean((1 - 1/r_W) + (1 - 1/r_side))``. Unbiased for one
+    run's variance (tests/test_design.py); ``dof`` stays the seeds' (the rerun term is not counted)."""
     width = width or width_column(df)
     df = completed_only(df, "spread")
     df = df[~_flagged(df)]
-    # a run repeating a (curve, width, seed) (the pilot read from two folders, or a width rerun in a second pilot
-    # sweep) is not another seed: counted as one it shrank the sd with inflated dof, and the smallest detectable
-    # peak with it; averaged into one value per seed, as every table and fit does
-    df = one_run_per_seed(df, [*curve_keys(df), NOISE, width], ["test_error", "train_error"], "spread")
+    df, rr = _one_run_per_cell(df, [*curve_keys(df), NOISE, width], "spread")
+    e2 = rr["ss"] / rr["dof"] if rr["dof"] else 0.0
     ss_c = dof_c = ss_w = dof_w = curves = 0
     ss_side = {"left": 0.0, "right": 0.0}
     for _, c in df.groupby([*curve_keys(df), NOISE], dropna=False):
         for _, g in c.groupby(width):
-            if g["test_error"].count() > 1:
-                ss_w += g["test_error"].var() * (g["test_error"].count() - 1)
-                dof_w += g["test_error"].count() - 1
+            n = g["test_error"].count()
+            if n > 1:
+                lost = 1 - 1 / g.loc[g["test_error"].notna(), "runs"]
+                ss_w += one_run_variance(g["test_error"].var(), lost, e2) * (n - 1)
+                dof_w += n - 1
         t = center(c, width, tol, rule)
         if not np.isfinite(t):
             continue
-        d, _ = peak_contrast(c, width, t)
+        d, (lo, _, hi) = peak_contrast(c, width, t)
         if len(d) > 1:
-            for side in ("left", "right"):
-                ss_side[side] += d[side].var() * (len(d) - 1)
-                ss_c += d[side].var() * (len(d) - 1)
+            r = c.set_index([width, SEED])["runs"]
+            for side, w in (("left", lo), ("right", hi)):
+                lost = sum(1 - 1 / r.loc[x].reindex(d.index).to_numpy() for x in (t, w))  # both widths' share
+                v = one_run_variance(d[side].var(), lost, e2) * (len(d) - 1)
+                ss_side[side] += v
+                ss_c += v
                 dof_c += len(d) - 1
             curves += 1
     sides = {s: float(np.sqrt(2 * v / dof_c)) if dof_c else np.nan for s, v in ss_side.items()}
     return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
-                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"])
+                  float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"],
+                  reruns=rr["dof"], rerun_cells=rr["cells"], width_dof=int(dof_w),
+                  rerun_sd=float(np.sqrt(e2)) if rr["dof"] else np.nan, duplicates=rr["duplicates"])
 
 
 def _contrast_test(d: pd.DataFrame, lo, hi, never: bool, tol: float, pilot_sd: float | Spread, alpha: float
