@@ -19,8 +19,10 @@ ALPHA, POWER = 0.05, 0.8
 def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """Smallest peak height (both contrasts at least this) the declared test detects over ``k`` seeds with joint
     ``power``: a peak needs both one-sided paired t-tests, so each is given power ``sqrt(power)``, as if the two
-    contrasts were independent (they share the centre width's value and are positively correlated, so the joint
-    power is at least ``power``).
+    contrasts were independent. They share the centre width's value, which correlates them positively when the
+    widths' errors are independent, but the committed curves measure -0.31 to positive; simulated at the stated
+    height with equal sds the joint power is 0.793 at correlation -0.5, 0.801 at 0, 0.820 at +0.5 (8 seeds; review
+    2026-11-29), so ``power`` holds to within a point either way.
 
     The figure is the larger of the central-t sum ``(t(1 - alpha) + t(sqrt(power))) sd / sqrt(k)``, with which the
     designs were declared, and the exact height at which each test has power ``sqrt(power)`` by the noncentral t:
@@ -41,7 +43,8 @@ def mde(sd: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
 def mde_sides(sd_left: float, sd_right: float, k: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """Smallest peak height (both contrasts at least this) the declared test detects over ``k`` seeds with joint
     ``power``, each one-sided paired t-test's power from its own contrast's sd (noncentral t), the joint power their
-    product (the two share the centre width, correlate positively, so it is at least that). With one side quiet the
+    product (exact for independent contrasts; at correlation -0.5 to +0.5 simulated 0.798-0.808 with the ViT pilot's
+    sds, see :func:`mde`). With one side quiet the
     other carries the power alone: about ``power`` on it, not ``sqrt(power)`` (taking the larger sd for both, as on
     2026-11-29 first, gave a joint power near 0.9 and asked 8 seeds where 6 have 0.8)."""
     sds = np.array([sd_left, sd_right], float)
