@@ -57,8 +57,8 @@ def select_device(name: str) -> torch.device:
 def _cuda_n(name: str) -> torch.device:
     """``cuda:N``: the N-th device this process sees, checked. In a vectorized-launcher worker pinned
     (``CUDA_VISIBLE_DEVICES``) to the one GPU that the launching process calls ``cuda:N``, that GPU, the worker's only
-    device (``hydra_plugins/vitsweep_launcher/pool.py``, ``_worker_gpu_env``)."""
-    from hydra_plugins.vitsweep_launcher.pool import LAUNCHER_DEVICE_ENV, cuda_index
+    device (``hydra_plugins/vitsweep_launcher/devices.py``, ``_worker_gpu_env``)."""
+    from hydra_plugins.vitsweep_launcher.devices import LAUNCHER_DEVICE_ENV, cuda_index
 
     pinned, number = os.environ.get(LAUNCHER_DEVICE_ENV), name.split(":", 1)[1]
     if pinned and number.isdigit():

@@ -123,7 +123,7 @@ def test_stacked_trials_each_know_their_own_trial(tmp_path):
 
 def test_stack_auto_groups_members_on_cuda_only():
     """`auto` stacks where it pays (CUDA), not on CPU, where it measured no faster than processes."""
-    from hydra_plugins.vitsweep_launcher.pool import plan_units
+    from hydra_plugins.vitsweep_launcher.units import plan_units
     from tests.conftest import compose_cfg
 
     cfgs = [compose_cfg(["model=cnn", f"seed={s}"]) for s in (0, 1, 2)]
@@ -231,7 +231,7 @@ def test_a_worker_whose_launching_process_died_while_it_started_stops(tmp_path, 
 def test_several_workers_on_one_gpu_without_mps_get_a_warning(tmp_path, monkeypatch):
     """Measured on a lent H200: 16 processes sharing the GPU without NVIDIA MPS time-sliced it (47 ms a stacked CNN
     step); under the MPS daemon 4 processes ran the same stacks 4x faster. The launcher says so, with the fix."""
-    from hydra_plugins.vitsweep_launcher.pool import gpu_sharing_note
+    from hydra_plugins.vitsweep_launcher.devices import gpu_sharing_note
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "mps"))
     assert gpu_sharing_note(1, ["0"]) is None and gpu_sharing_note(4, []) is None  # one per GPU, or the CPU

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hydra_plugins.vitsweep_launcher import pool
+from hydra_plugins.vitsweep_launcher import devices, pool
 from src.validate import select_device
 
 
@@ -27,12 +27,12 @@ def cuda(monkeypatch):
 
 
 def gpus(device: str) -> list[str]:
-    return pool._job_gpus(OmegaConf.create({"trainer": {"device": device}}))
+    return devices._job_gpus(OmegaConf.create({"trainer": {"device": device}}))
 
 
 def worker(monkeypatch, gpu_ids: list[str], slot: int, device: str) -> dict[str, str]:
     """The environment a pool worker of this slot sets for itself (``_init_worker``), applied here."""
-    env = pool._worker_gpu_env(gpu_ids, slot, 1, device)
+    env = devices._worker_gpu_env(gpu_ids, slot, 1, device)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(env["CUDA_VISIBLE_DEVICES"].split(",")))

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from src import stacked
 from src.loop import train_step
 from src.run_setup import setup
-from src.stacked import MemberStack, plan_groups, train_members, why_not_stackable
+from src.stacked import plan_groups, train_members, why_not_stackable
+from src.stacked_loop import MemberStack
 from src.trainer import train
 from tests.conftest import TINY, compose_cfg
 from tests.helpers import run_cli
@@ -112,13 +113,13 @@ def test_members_of_other_resolved_precisions_train_apart_and_record_how_they_tr
     of them trains at the other's precision while its summary names its own. A member's summary says it trained
     stacked and, for a ViT, with the explicit attention ops."""
     stacks = []
-    build = stacked.MemberStack.__init__
+    build = MemberStack.__init__
 
     def spy(self, states):
         stacks.append(sorted(s.info["precision"] for s in states))
         build(self, states)
 
-    monkeypatch.setattr(stacked.MemberStack, "__init__", spy)
+    monkeypatch.setattr(MemberStack, "__init__", spy)
     cfgs = [plain(*VIT, "trainer.max_epochs=1", f"trainer.precision={p}", "seed=1") for p in ("bf16", "fp32")]
     results = train_members(cfgs, [tmp_path / p for p in ("bf16", "fp32")])
     assert stacks == [["bf16"], ["fp32"]]
@@ -184,12 +185,12 @@ def test_a_member_stopping_at_its_epoch_end_costs_the_others_no_batch(tmp_path):
 def test_a_group_larger_than_the_device_budget_trains_in_parts_with_the_same_results(tmp_path, monkeypatch, caplog):
     """Members that do not all fit the device's free memory (a budget of 2.5 members here) train as
     stacks of 2 then 1, one after the other, each member still equal to its single run."""
-    import src.stacked as stacked
+    import src.stacked_parts as stacked_parts
 
     cfgs = [plain(*CNN, "trainer.max_epochs=2", f"seed={s}") for s in (0, 1, 2)]
-    need = stacked.member_bytes(setup(cfgs[0], None))
-    monkeypatch.setattr(stacked, "device_budget", lambda device: int(2.5 * need))
-    with caplog.at_level("WARNING", logger="src.stacked"):
+    need = stacked_parts.member_bytes(setup(cfgs[0], None))
+    monkeypatch.setattr(stacked_parts, "device_budget", lambda device: int(2.5 * need))
+    with caplog.at_level("WARNING", logger="src.stacked_parts"):
         results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
     assert "training them as 2 stacks of at most 2" in caplog.text
     for k, cfg in enumerate(cfgs):
@@ -201,7 +202,7 @@ def test_a_group_larger_than_the_device_budget_trains_in_parts_with_the_same_res
 def test_member_bytes_counts_parameters_and_the_batch_activations():
     """The up-front estimate grows with the batch (saved activations) and covers weights, gradients and
     two optimizer moments; a wider model needs more."""
-    from src.stacked import member_bytes
+    from src.stacked_parts import member_bytes
 
     small = setup(plain(*CNN, "trainer.batch_size=50"), None)
     params = sum(p.numel() * 4 for p in small.model.parameters())

@@ -20,7 +20,7 @@ def _imported_by_the_fork_server() -> bool:
     """True in the fork server's preload only. A worker it forks runs inside the server's ``main`` too, under
     ``_serve_one``, and imports this module again: Hydra's plugin scan (at ``Singleton.set_state`` in each worker)
     re-runs every module of ``hydra_plugins``. Registered there again, the exit would run before the worker's own
-    last handler (``pool.exit_without_teardown``: logging's shutdown, the streams' flush), and what a job's exit
+    last handler (``_worker.exit_without_teardown``: logging's shutdown, the streams' flush), and what a job's exit
     handlers logged or printed was lost (tests/test_launcher.py)."""
     import multiprocessing.forkserver as fs
 
@@ -40,7 +40,7 @@ def _imported_by_the_fork_server() -> bool:
 if _imported_by_the_fork_server():
     # registered after torch's own exit handlers, so it runs before them (last in, first out): they clean up
     # after work this process never does. Forked workers inherit it and run it last, after their own handlers
-    # (``pool.exit_without_teardown`` does the same for spawned ones).
+    # (``_worker.exit_without_teardown`` does the same for spawned ones).
     atexit.register(os._exit, 0)
     # SIGTERM to every process of the sweep at once (`timeout`, Slurm's scancel, a preemption) killed the server:
     # its workers' exit sentinels are its pipes, so the launcher's wait for the stopping workers ended at once and

@@ -1,7 +1,7 @@
 """`hydra/launcher=vectorized`: run a batch of jobs from any sweeper on a pool of worker processes.
 
-This module is what Hydra's plugin scan imports; the pool (``pool.py``) loads only when a multirun
-launches jobs through it. Keys are checked here, when Hydra builds the launcher, before any job runs.
+This module is what Hydra's plugin scan imports; a batch (``_batch.py``) runs on the pool (``pool.py``) only when a
+multirun launches jobs through it. Keys are checked here, when Hydra builds the launcher, before any job runs.
 """
 
 import logging
@@ -52,7 +52,7 @@ class VectorizedLauncher(Launcher):
         # set by a sweeper that runs a batch under given Hydra job numbers (vitsweep's retries keep their original
         # trials' numbers, so their run dirs, and need not be consecutive); None: initial_job_idx + i
         self.job_numbers: list[int] | None = None
-        self.ended: Any = None  # during a launch: its jobs as they end (pool.Ended)
+        self.ended: Any = None  # during a launch: its jobs as they end (_batch.Ended)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -66,7 +66,7 @@ class VectorizedLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """One ``JobReturn`` per job, in job order; a failed job carries its exception (status FAILED)."""
-        from .pool import launch
+        from ._batch import launch
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         try:

@@ -1,0 +1,32 @@
+"""Which of a batch's jobs run together (``hydra.launcher.stack``, ``max_members``): each job a unit of its own, or
+groups that the app's stacker (``protocol.declare_app(stacker=...)``, its ``plan_groups``) trains as one stacked model.
+"""
+
+import importlib
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def stacks(stack: str, max_members: int, device: str, n_jobs: int) -> bool:
+    """Whether a batch may train jobs as stacked groups (``hydra.launcher.stack``)."""
+    return not (stack == "never" or max_members == 1 or (stack == "auto" and device != "cuda") or n_jobs < 2)
+
+
+def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: str,
+               stacker: str | None) -> list[list[int]]:
+    """Positions of the jobs to run together: one list per unit, in job order of their first member. ``stacker``:
+    the app's stacked training (``protocol.stacker()``); without one every job is a unit of its own."""
+    if stacker is None and stack == "always" and max_members > 1 and len(configs) > 1:
+        raise ValueError("hydra.launcher.stack=always: this app declares no stacked training "
+                         "(hydra_plugins.vitsweep_sweeper.protocol.declare_app(stacker=...)); use stack=auto or never")
+    if stacker is None or not stacks(stack, max_members, device, len(configs)):
+        return [[i] for i in range(len(configs))]
+    plan_groups = importlib.import_module(stacker).plan_groups
+    return plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
+
+
+def _task_cfg(cfg: DictConfig) -> dict:
+    """The job's config without the hydra node, unresolved (grouping compares the keys as written)."""
+    out = OmegaConf.to_container(cfg, resolve=False)
+    out.pop("hydra", None)
+    return out
