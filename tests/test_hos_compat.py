@@ -11,8 +11,10 @@ import pytest
 from tests.helpers import APP, run
 
 
-@pytest.fixture
-def two_runs(tmp_path):
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """The same command run twice; the tests only read what it left (shared, so the two sweeps run once)."""
+    tmp_path = tmp_path_factory.mktemp("hos")
     for name in ("first", "second"):
         run([APP, "+hparams_search=mnist_optuna", f"hydra.sweep.dir={tmp_path / name}",
              "hydra.sweep.subdir='${hydra.job.override_dirname}'"], cwd=tmp_path)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -276,6 +275,37 @@ def told_while_batch_runs(tmp_path):
     return (done, running) if len(done) == 2 and len(running) == 2 else None
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_and_wait_for_orphans(proc: subprocess.Popen) -> None:
+    """SIGKILL the sweep's main process (a session's end) and wait until the pool processes it orphaned have seen
+    their parent gone and stopped (it took them about a second; the test slept 3 s here)."""
+    orphans = descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    try:
+        wait_for(lambda: all(gone(p) for p in orphans), timeout=60, what="the orphaned pool processes to stop")
+    finally:
+        for p in orphans:
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)
+
+
 def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in_one_batch(tmp_path):
     """Found in heads_depth: the storage learnt a batch's results only when the whole batch returned,
     so a killed sweep left its finished trials RUNNING; their retries ran one at a time; and a retry killed by a
@@ -285,17 +315,13 @@ def test_a_batch_tells_each_trial_as_it_ends_and_a_sweep_killed_twice_resumes_in
                              what="the short trials told while the long ones run", proc=proc)
     assert {t.params["epochs"] for t in done} == {1} and {t.params["epochs"] for t in running} == {60}
     for _ in range(2):  # a session ends (everything killed), twice; the second time while the retries run
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-        time.sleep(3)  # the orphaned pool workers see their parent gone within a second and stop
+        kill_and_wait_for_orphans(proc)
         proc = start(tmp_path, *BATCH)
         owner = f"{socket.gethostname()}:{proc.pid}"
         wait_for(lambda owner=owner: len([t for t in load(tmp_path).get_trials(states=(TrialState.RUNNING,))
                               if t.system_attrs.get(st.WORKER_ATTR) == owner]) == 2, timeout=120,
                  what="the retries running in the new command", proc=proc)
-    proc.kill()
-    proc.communicate(timeout=60)
-    time.sleep(3)
+    kill_and_wait_for_orphans(proc)
     out = sweep(tmp_path, *BATCH)  # the same command
     assert "Launching 2 jobs" in out.stdout + out.stderr, "the two retries (jobs 0 and 3) did not run as one batch"
     study = load(tmp_path)
