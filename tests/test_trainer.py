@@ -157,7 +157,7 @@ def test_batchnorm_statistics_are_kept_once_the_start_value_has_decayed(tiny_cfg
     from omegaconf import OmegaConf
 
     from src.metrics import batchnorm_start_share
-    from src.run_state import setup
+    from src.run_setup import setup
 
     cfg = tiny_cfg("model=hybrid_vit", "model.stem_channels=8", "model.dim=32", "model.depth=1", "model.heads=2",
                    "model.mlp_dim=64", "model.attention=sdpa", "trainer.max_steps=60", "trainer.max_epochs=100",
