@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from analysis.fit_slopes import _t_half
 
 
 def curvature_check(logx: np.ndarray, table: pd.DataFrame, resid: np.ndarray, level: float = 0.95) -> dict:
@@ -29,7 +30,7 @@ def curvature_check(logx: np.ndarray, table: pd.DataFrame, resid: np.ndarray, le
     design = np.stack([xc**2, xc, np.ones_like(xc)], axis=1)
     curv = np.linalg.lstsq(design, complete.T, rcond=None)[0][0]  # one per seed
     mean = float(curv.mean())
-    half = float(stats.t.ppf(0.5 + level / 2, len(curv) - 1) * curv.std(ddof=1) / np.sqrt(len(curv)))
+    half = float(_t_half(curv, level))
     out.update(curvature=mean, curvature_lo=mean - half, curvature_hi=mean + half,
                curved=bool(mean - half > 0 or mean + half < 0))
     return out
