@@ -33,8 +33,8 @@ side, sqrt(2) x one width's seed sd, ``Spread.power_sd``, and the output says wh
 the main run, and turns it into a verdict that states its power (``verdict``): *reproduced* where the contrast is
 significant; *not reproduced* only where it is not and the smallest effect detectable with the main run's seeds,
 from the pilot's spread, is below the published effect and the one-sided 95% upper bound of the observed height
-(``height_upper``: the height's side, mean + t sd / sqrt(k) over the run's seeds) lies below it too; otherwise
-*inconclusive*, with what would settle it.
+(``height_upper``: the smaller of the two sides' mean + t(0.975) sd / sqrt(k) over the run's seeds, Bonferroni)
+lies below it too; otherwise *inconclusive*, with what would settle it.
 A flagged (collapsed or stalled) run at one of the three widths makes the verdict inconclusive: a failed
 training is not a test-error value. A run that ended inside a loss spike (``ended_in_spike``: a learned model read
 at a transient) is read as declared, at its final errors, but the verdict says "fragile" where such runs decide it:
@@ -66,7 +66,7 @@ from analysis.design.cli import main
 from analysis.design.compare import compare, compare_markdown
 from analysis.design.grid import one_recipe, unfinished
 from analysis.design.markdown import curves_markdown, machine_note, plan_markdown, precision_note, tests_markdown
-from analysis.design.peaks import PeakTest, peak_tests, verdict
+from analysis.design.peaks import PeakTest, height_upper, peak_tests, verdict
 from analysis.design.plan import choose_lr, choose_main, main_overrides, pilot_at_main_lr, plan, suggest_grid
 from analysis.design.power import ALPHA, POWER, Spread, mde, mde_sides, spread
 from analysis.design.spikes import spike_note
@@ -74,7 +74,7 @@ from analysis.design.thresholds import CENTERS, thresholds
 
 __all__ = [
     "ALPHA", "CENTERS", "POWER", "PeakTest", "Spread", "choose_lr", "choose_main", "compare", "compare_markdown",
-    "curves_markdown", "machine_note", "main", "main_overrides", "mde", "mde_sides", "one_recipe", "peak_tests",
-    "pilot_at_main_lr", "plan", "plan_markdown", "precision_note", "spike_note", "spread", "suggest_grid",
+    "curves_markdown", "height_upper", "machine_note", "main", "main_overrides", "mde", "mde_sides", "one_recipe",
+    "peak_tests", "pilot_at_main_lr", "plan", "plan_markdown", "precision_note", "spike_note", "spread", "suggest_grid",
     "tests_markdown", "thresholds", "unfinished", "verdict", "with_capped",
 ]
