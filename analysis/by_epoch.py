@@ -5,7 +5,7 @@
 
 The study's figures score each run where its train error stopped moving; this table shows the same runs at fixed
 training budgets instead (the test split is scored every `trainer.test_every` epochs). Stalled runs are left out.
-Writes <out>.csv (every cell with its seed count) and <out>.md.
+Writes <out>.csv (every cell with its seed and run counts) and <out>.md.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from analysis.varied import varied_keys
 
 def by_epoch(sweep_dir: str | Path, epochs: list[int], width: str | None = None) -> tuple[pd.DataFrame, str]:
     """Mean test error (with its seed count) per epoch, label noise and width, over the runs not stalled that were
-    scored at that epoch; returns the long table and its Markdown (one width-by-noise table per epoch)."""
+    scored at that epoch; returns the long table and its Markdown (one width-by-noise table per epoch). A seed run
+    more than once is one seed at the mean of its runs (``runs`` counts the runs, and the cell says so)."""
     runs = load_runs(sweep_dir)
     runs = runs[~runs["stalled"].astype(bool)]
     width = width or width_column(runs)
@@ -30,11 +31,17 @@ def by_epoch(sweep_dir: str | Path, epochs: list[int], width: str | None = None)
     hist = hist[hist["run_dir"].isin(runs["run_dir"]) & hist["test_error"].notna()]
     # every other setting the sweep varied (weight decay, n_train, lr ...) is its own row, never averaged as seeds
     other = [k for k in varied_keys(runs) if k not in ("label_noise.p", width) and k in hist.columns]
-    table = (hist[hist["epoch"].isin(epochs)].groupby(["epoch", *other, "label_noise.p", width], dropna=False)
-             ["test_error"].agg(mean="mean", sd="std", seeds="count").reset_index())
+    keys = ["epoch", *other, "label_noise.p", width]
+    # a seed run twice (a rerun in another run dir) is one seed: its runs are averaged first, then the seeds
+    per_seed = (hist[hist["epoch"].isin(epochs)].groupby([*keys, "seed"], dropna=False)["test_error"]
+                .agg(test_error="mean", runs="count").reset_index())
+    table = (per_seed.groupby(keys, dropna=False)
+             .agg(mean=("test_error", "mean"), sd=("test_error", "std"), seeds=("test_error", "count"),
+                  runs=("runs", "sum")).reset_index())
     parts = []
     for epoch, part in table.groupby("epoch"):
-        cell = part.assign(v=[f"{100 * m:.1f} ({n})" for m, n in zip(part["mean"], part["seeds"], strict=True)])
+        cell = part.assign(v=[f"{100 * m:.1f} ({n})" if n == r else f"{100 * m:.1f} ({n} seeds, {r} runs)"
+                              for m, n, r in zip(part["mean"], part["seeds"], part["runs"], strict=True)])
         wide = cell.pivot_table(index=[*other, "label_noise.p"], columns=width, values="v", aggfunc="first",
                                 dropna=False).fillna("-")
         wide.columns = [f"{width} {w}" for w in wide.columns]

@@ -1165,6 +1165,23 @@ def test_by_epoch_keeps_settings_apart_that_the_sweep_varied_besides_noise_and_w
     assert "optimizer.weight_decay" in md
 
 
+def test_by_epoch_counts_a_seed_run_twice_as_one_seed_at_its_mean(tmp_path):
+    """A (width, seed) run twice in two run dirs (the CIFAR-10 pilot reran C1 = 8 at seeds 0 and 1) was two seeds
+    in `seeds`, and weighed twice in the mean: a rerun is the same seed's data subset, noisy labels and init."""
+    from analysis.by_epoch import by_epoch
+
+    num = 0
+    for w, s, errs in ((8, 0, (0.1, 0.3)), (8, 1, (0.5,)), (16, 0, (0.9,)), (16, 1, (0.9,))):  # (8, 0) run twice
+        for err in errs:
+            write_run(tmp_path, num, config(s, width=w), summary(err), [{**h, "test_error": err} for h in history(err)])
+            num += 1
+    table, md = by_epoch(tmp_path, [3])
+    row = table[table["model.dim"] == 8].iloc[0]
+    assert row["seeds"] == 2 and row["runs"] == 3
+    assert row["mean"] == pytest.approx((0.2 + 0.5) / 2)  # seed 0 at the mean of its two runs, then over seeds
+    assert "35.0 (2 seeds, 3 runs)" in md
+
+
 def test_records_copy_the_storage_their_summaries_name_under_any_file_name(tmp_path, capsys):
     """Only a file called optuna.db was copied: a custom-named SQLite storage or a journal was dropped without a word
     and the records lost their trial states and declared grid (review 2026-11-29, F7)."""
