@@ -39,7 +39,9 @@ A flagged (collapsed or stalled) run at one of the three widths makes the verdic
 training is not a test-error value. A run that ended inside a loss spike (``ended_in_spike``: a learned model read
 at a transient) is read as declared, at its final errors, but the verdict says "fragile" where such runs decide it:
 where reading each run's train error as its recent median moves the tested width (``spike_centre``), or where
-leaving out their seeds turns a peak into none or no peak into one. An **unfinished grid** makes the verdict
+leaving out their seeds turns a peak into none or no peak into one; so is it where reading the runs that lost their
+fit (recent train error 0.05 or more above their best) at their best moves the tested width (``lost_fit_centre``).
+An **unfinished grid** makes the verdict
 inconclusive too (``unfinished``): the critical width comes from every declared seed's train errors and the power
 from the declared seeds, so while any run of a curve's grid (the
 widths x seeds its sweep declared, read from the study's storage, else those its runs hold) has not finished, the

@@ -20,7 +20,7 @@ from analysis.design.grid import (
     unfinished,
 )
 from analysis.design.power import ALPHA, Spread, _contrast_test
-from analysis.design.spikes import spike_centre
+from analysis.design.spikes import LOST_FIT_RISE, lost_fit_centre, spike_centre
 from analysis.design.thresholds import _flagged, center, deciding_flags, peak_contrast, threshold
 from analysis.double_descent import width_column
 from analysis.frames import _norm, completed_only, require_columns
@@ -50,7 +50,8 @@ class PeakTest:
 
 def verdict(p: float, mean: float, detectable: float, effect: float, flagged: int, alpha: float = ALPHA,
             missing: str | None = None, unread: str | None = None, no_p: str | None = None,
-            deciding: int = 0, spikes: tuple[int, str] = (0, ""), without: str = "", upper: float = np.nan) -> str:
+            deciding: int = 0, spikes: tuple[int, str] = (0, ""), without: str = "", upper: float = np.nan,
+            lost: tuple[int, str] = (0, "")) -> str:
     """reproduced / not reproduced / inconclusive (with what would settle it), per the module docstring.
     "Not reproduced" needs the smallest detectable peak ``detectable`` below ``effect`` and ``upper``, the one-sided
     upper confidence bound of the observed height ``mean`` (``height_upper``), below it too: a peak observed as high
@@ -60,8 +61,9 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
     ``unread``: finished runs with no test or train error; ``no_p``: why there is no p value; ``deciding``: flagged
     runs that decide where the test is centred (``deciding_flags``); ``spikes``: runs whose end-of-run spikes decide
     it and the centre read without them (``spike_centre``), and ``without``: what the test reads without the seeds
-    whose runs at the tested widths ended inside a spike, where that is another verdict: either makes the verdict
-    "fragile", said in it."""
+    whose runs at the tested widths ended inside a spike, where that is another verdict; ``lost``: runs that ended
+    above their best train error and decide the tested width, and the centre read from each run's best
+    (``lost_fit_centre``): any of them makes the verdict "fragile", said in it."""
     says = _verdict(p, mean, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, upper)
     fragile = []
     if spikes[0]:
@@ -69,6 +71,10 @@ def verdict(p: float, mean: float, detectable: float, effect: float, flagged: in
         fragile.append(f"{spikes[0]} {whose} final train errors, read inside end-of-run "
                        f"loss spikes or dips, decide the tested width: read by each run's median over its last "
                        f"{SPIKE_WINDOW} readings it is {spikes[1]}")
+    if lost[0]:
+        runs, their, decide = ("runs", "their", "decide") if lost[0] > 1 else ("run", "its", "decides")
+        fragile.append(f"{lost[0]} {runs} lost {their} fit ({LOST_FIT_RISE:g} or more above {their} "
+                       f"best train error) and {decide} the tested width: read at {their} best it is {lost[1]}")
     if without:
         fragile.append(without)
     return f"{says} (fragile: {'; '.join(fragile)})" if fragile else says
@@ -168,6 +174,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
         spiked = int(tested["ended_in_spike"].sum()) if "ended_in_spike" in tested else 0
         deciding = deciding_flags(c, width, tol, rule) if len(c) else 0
         spikes = spike_centre(c, width, tol, rule) if len(c) else (0, "")
+        lost = lost_fit_centre(c, width, tol, rule) if len(c) else (0, "")
         k, p, means, height, detectable, no_p = _contrast_test(d, lo, hi, never, tol, pilot_sd, alpha)
         upper = height_upper(d, alpha)
         unread = unscored(c, width)
@@ -189,7 +196,7 @@ def peak_tests(df: pd.DataFrame, pilot_sd: float | Spread, effect: float, width:
                 without = (f"{spiked} run{'s' if spiked > 1 else ''} at the tested widths ended inside a loss spike; "
                            f"without {'its seed' if n == 1 else f'their {n} seeds'} the test reads {kept}")
         says = verdict(p, height, detectable, effect, flagged, alpha, missing, unread, no_p, deciding, spikes, without,
-                       upper)
+                       upper, lost)
         own = float(np.sqrt((d["left"].var() + d["right"].var()) / 2)) if k >= 2 else np.nan
         out.append(PeakTest(name, t, lo, hi, k, float(means["left"]), float(means["right"]), height, upper, p, flagged,
                             own, detectable, effect, spiked, says))
