@@ -586,18 +586,14 @@ def test_rsna_supplement_regenerates_synthetic_runs(tmp_path, monkeypatch, capsy
 # --- heads_depth: the precision check -------------------------------------------------------------------------------
 
 
-def _precision_runs(root: Path, heads_gap: float, bf16_cost: float, rng: int = 0) -> Path:
-    """The check's 32 runs written by hand: h1_d1 worse than h4_d1 by ``heads_gap``, bf16 worse than fp32 by
-    ``bf16_cost`` (h1_d1 only), seed noise sd 0.005 drawn per (n_train, seed), the same for both archs and
-    precisions."""
-    draws = np.random.default_rng(rng).standard_normal((2, 4))
+def _write_precision_runs(root: Path, error) -> Path:
+    """The check's 32 runs written by hand, test error ``error(heads, prec, n_train, seed)``."""
     num = 0
     for heads in (1, 4):
         for prec in ("bf16", "fp32"):
             for n in (1024, 2048):
                 for seed in range(4):
-                    err = 0.15 + (heads_gap if heads == 1 else 0) + (bf16_cost if prec == "bf16" and heads == 1
-                                                                    else 0) + 0.005 * draws[n // 2048, seed]
+                    err = error(heads, prec, n, seed)
                     cfg = {"seed": seed, "dataset": {"n_train": n}, "trainer": {"precision": prec},
                            "model": {"_target_": "src.models.vit.ViT", "heads": heads, "depth": 1}}
                     write_run(root, num, cfg, {"status": "completed", "stop_reason": "converged", "test_error": err,
@@ -605,6 +601,15 @@ def _precision_runs(root: Path, heads_gap: float, bf16_cost: float, rng: int = 0
                                                "machines": ["a CPU"]})
                     num += 1
     return root
+
+
+def _precision_runs(root: Path, heads_gap: float, bf16_cost: float, rng: int = 0) -> Path:
+    """The check's 32 runs: h1_d1 worse than h4_d1 by ``heads_gap``, bf16 worse than fp32 by ``bf16_cost`` (h1_d1
+    only), seed noise sd 0.005 drawn per (n_train, seed), the same for both archs and precisions."""
+    draws = np.random.default_rng(rng).standard_normal((2, 4))
+    return _write_precision_runs(root, lambda heads, prec, n, seed: (
+        0.15 + (heads_gap if heads == 1 else 0) + (bf16_cost if prec == "bf16" and heads == 1 else 0)
+        + 0.005 * draws[n // 2048, seed]))
 
 
 @pytest.mark.parametrize("gap, cost, verdict", [(0.03, 0.0, "stands, unconfounded"),
@@ -628,6 +633,40 @@ def test_the_precision_check_applies_its_declared_rule(monkeypatch, tmp_path, ga
                                  "machines": ["a CPU"]})
     with pytest.raises(SystemExit, match="outside the declared design"):
         run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
+
+
+def test_the_precision_check_counts_seeds_not_runs(monkeypatch, tmp_path):
+    """Seed s's n_train 1024 subset is nested in its 2048 one, and both archs train on it, so a seed carries one
+    effect to both sizes. Here there is no heads term: h1_d1 and h4_d1 differ only by per-(arch, seed) effects that a
+    seed carries to both sizes and both precisions, plus a 0.1-point jitter per (arch, n_train, seed), the same at
+    both precisions (no precision effect). That is four seeds' worth of evidence on the ordering, not eight runs a
+    side: the seed-paired interval (3 dof) leaves it not resolved, where the pooled Welch as first computed (runs as
+    units, about 11.7 dof) put both precisions' intervals above 0."""
+    h1, h4 = (0.036, 0.016, 0.034, 0.010), (-0.010, 0.012, -0.008, 0.006)
+    jitter = np.random.default_rng(0).normal(0, 0.001, (2, 2, 4))
+    records = _write_precision_runs(tmp_path / "runs", lambda heads, prec, n, seed: (
+        0.15 + (h1 if heads == 1 else h4)[seed] + jitter[heads // 4, n // 2048, seed]))
+    run_script(monkeypatch, "heads_depth/scripts/precision_check.py", records, tmp_path / "out.md")
+    text = (tmp_path / "out.md").read_text()
+    assert "\"4 heads help\" **not resolved at bf16, fp32**, with no sign of a precision effect" in text
+    assert "As first computed (runs as units) it read **stands, unconfounded**" in text
+
+
+def test_the_precision_checks_seed_paired_interval_covers_where_runs_as_units_did_not(monkeypatch):
+    """Coverage at a true heads gap of 0, seed sd 1.5 points, a seed's two sizes correlated 0.7 (nested subsets),
+    archs independent, 2000 draws: the seed-paired interval the check applies covers 0.95 (within 0.02); the pooled
+    Welch as first computed, which counted a seed's two sizes as two runs, about 0.89."""
+    pc = load_script(monkeypatch, "heads_depth/scripts/precision_check.py")
+    rng = np.random.default_rng(0)
+    cov = 0.015**2 * np.array([[1.0, 0.7], [0.7, 1.0]])
+    draws = rng.multivariate_normal([0.0, 0.0], cov, (2000, 2, 4)).transpose(0, 1, 3, 2)  # (draw, arch, size, seed)
+    paired = pooled = 0
+    for a, b in draws:
+        _, lo, hi, _ = pc["over_seeds"](a - b)
+        paired += lo <= 0 <= hi
+        _, lo, hi, _ = pc["welch_over_sizes"](list(a), list(b))
+        pooled += lo <= 0 <= hi
+    assert abs(paired / len(draws) - 0.95) < 0.02 and pooled / len(draws) < 0.92, (paired, pooled)
 
 
 def test_the_committed_precision_check_regenerates_from_its_records(monkeypatch, tmp_path):
