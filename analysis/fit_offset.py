@@ -97,6 +97,8 @@ def _offset_fit(sizes, means, boot, p0, label) -> dict:
         return out
     fits = []
     for row in boot:
+        if not np.isfinite(row).all():  # a resample that drew no seed with a run at some size: counted as failed
+            continue
         try:
             fits.append(_fit_offset(sizes, row, (out["offset_prefactor"], out["offset_alpha"])))
         except RuntimeError:
