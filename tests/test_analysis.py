@@ -86,6 +86,29 @@ def test_offset_model_recovers_planted_offset(tmp_path):
     assert fit["alpha"] > -0.45
 
 
+def test_offset_fit_reaches_the_least_squares_minimum_curve_fit_finds():
+    """The offset model's fitter (every resample at once: exact in (a, c) for each alpha, a grid and golden section in
+    alpha) lands where scipy's curve_fit does, floors above zero and at zero alike, and never leaves more residual."""
+    from scipy.optimize import curve_fit
+
+    from analysis.fit_offset import _fit_offsets
+
+    rng = np.random.default_rng(11)
+    n = 128.0 * 2.0 ** np.arange(6)
+    floors = np.repeat([0.04, 0.0, 0.1], 20)
+    rows = (6.0 * n**-0.55 + floors[:, None]) * np.exp(rng.normal(0, 0.05, (len(floors), 6)))
+    fast = _fit_offsets(n, rows)
+    ref = np.exp(np.log(n).mean())
+    for row, (a, alpha, c) in zip(rows, fast, strict=True):
+        (a0, alpha0, c0), _ = curve_fit(lambda x, a, al, c: a * x**al + c, n / ref, row, p0=(1.0, -0.5, 0.0),
+                                        bounds=([0, -10, 0], [np.inf, 10, np.inf]), maxfev=5000)
+        sse_scipy = ((a0 * (n / ref) ** alpha0 + c0 - row) ** 2).sum()
+        sse = ((a * n**alpha + c - row) ** 2).sum()
+        assert sse <= sse_scipy * (1 + 1e-6)
+        assert alpha == pytest.approx(alpha0, abs=1e-4) and c == pytest.approx(c0, abs=1e-5)
+        assert a * ref**alpha == pytest.approx(a0, rel=1e-4)
+
+
 @pytest.mark.parametrize("missing", [False, True])
 def test_offset_bootstrap_resamples_whole_seeds(monkeypatch, missing):
     """A seed's subsets are nested across sizes, so its errors move together: the offset model's bootstrap draws whole
@@ -107,9 +130,9 @@ def test_offset_bootstrap_resamples_whole_seeds(monkeypatch, missing):
     seen = []
     real = fits_module._offset_fit
 
-    def capture(sizes, means, boot, p0, label):  # keep the resamples, fit a few (the fits are not under test)
+    def capture(sizes, means, boot, label):  # keep the resamples, fit a few (the fits are not under test)
         seen.append(boot)
-        return real(sizes, means, boot[:5], p0, label)
+        return real(sizes, means, boot[:5], label)
 
     monkeypatch.setattr(fits_module, "_offset_fit", capture)
     with warnings.catch_warnings():
