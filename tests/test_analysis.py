@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,70 @@ def test_offset_model_recovers_planted_offset(tmp_path):
     assert abs(fit["offset_alpha"] + 0.5) < 0.1
     # the plain power law, blind to the floor, reads a flatter exponent
     assert fit["alpha"] > -0.45
+
+
+def test_offset_fit_reaches_the_least_squares_minimum_curve_fit_finds():
+    """The offset model's fitter (every resample at once: exact in (a, c) for each alpha, a grid and golden section in
+    alpha) lands where scipy's curve_fit does, floors above zero and at zero alike, and never leaves more residual."""
+    from scipy.optimize import curve_fit
+
+    from analysis.fit_offset import _fit_offsets
+
+    rng = np.random.default_rng(11)
+    n = 128.0 * 2.0 ** np.arange(6)
+    floors = np.repeat([0.04, 0.0, 0.1], 20)
+    rows = (6.0 * n**-0.55 + floors[:, None]) * np.exp(rng.normal(0, 0.05, (len(floors), 6)))
+    fast = _fit_offsets(n, rows)
+    ref = np.exp(np.log(n).mean())
+    for row, (a, alpha, c) in zip(rows, fast, strict=True):
+        (a0, alpha0, c0), _ = curve_fit(lambda x, a, al, c: a * x**al + c, n / ref, row, p0=(1.0, -0.5, 0.0),
+                                        bounds=([0, -10, 0], [np.inf, 10, np.inf]), maxfev=5000)
+        sse_scipy = ((a0 * (n / ref) ** alpha0 + c0 - row) ** 2).sum()
+        sse = ((a * n**alpha + c - row) ** 2).sum()
+        assert sse <= sse_scipy * (1 + 1e-6)
+        assert alpha == pytest.approx(alpha0, abs=1e-4) and c == pytest.approx(c0, abs=1e-5)
+        assert a * ref**alpha == pytest.approx(a0, rel=1e-4)
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_offset_bootstrap_resamples_whole_seeds(monkeypatch, missing):
+    """A seed's subsets are nested across sizes, so its errors move together: the offset model's bootstrap draws whole
+    seeds (rows of the seed x size table), never seed 1 at one size beside seed 3 at the next (review 2026-12). Every
+    resample, at every size, is the mean of one and the same multiset of seeds; a seed lacking a size leaves that
+    size's mean to the drawn seeds that have it."""
+    import itertools
+
+    import analysis.fits as fits_module
+
+    rng = np.random.default_rng(7)
+    sizes = np.array([128, 256, 512, 1024, 2048])
+    err = 2.0 * sizes**-0.5 * np.exp(rng.normal(0, 0.3, (4, 1)) + rng.normal(0, 0.05, (4, len(sizes))))
+    runs = pd.DataFrame([{"dataset.n_train": n, "seed": s, "test_error": err[s, j], "status": "completed"}
+                         for s in range(4) for j, n in enumerate(sizes)])
+    if missing:  # seed 2 has no run at 512
+        runs = runs[~((runs["seed"] == 2) & (runs["dataset.n_train"] == 512))]
+        err[2, 2] = np.nan
+    seen = []
+    real = fits_module._offset_fit
+
+    def capture(sizes, means, boot, label):  # keep the resamples, fit a few (the fits are not under test)
+        seen.append(boot)
+        return real(sizes, means, boot[:5], label)
+
+    monkeypatch.setattr(fits_module, "_offset_fit", capture)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a seed lacking a size: the alpha interval's warning
+        fit_learning_curve(runs, offset=True, n_boot=200)
+    (boot,) = seen
+    assert boot.shape == (200, len(sizes))
+    multisets = itertools.combinations_with_replacement(range(4), 4)
+    means = np.array([[np.mean(err[list(m), j][np.isfinite(err[list(m), j])]) if np.isfinite(err[list(m), j]).any()
+                       else np.nan for j in range(len(sizes))] for m in multisets])
+    means = means[np.isfinite(means).all(axis=1)]
+    kept = boot[np.isfinite(boot).all(axis=1)]
+    assert len(kept) >= 190
+    for row in kept:  # the whole row is one multiset's means, to rounding
+        assert np.isclose(means, row, rtol=1e-9, atol=0).all(axis=1).any(), row
 
 
 def test_fit_groups_and_excludes_unfinished(tmp_path, capsys):
