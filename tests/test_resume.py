@@ -661,12 +661,14 @@ def test_a_run_extended_past_a_stop_at_an_epochs_end_records_what_an_uninterrupt
     assert_same_run(cut, whole, tmp_path)
 
 
-@pytest.mark.parametrize("every, first", [(3, "trainer.max_epochs=1"), (3, "trainer.max_steps=4")])
+@pytest.mark.parametrize("every, first", [(3, "trainer.max_epochs=1"), (3, "trainer.max_steps=4"),
+                                          (1, "trainer.max_epochs=3")])
 def test_a_run_extended_past_a_stop_at_an_epochs_end_converges_where_an_uninterrupted_run_does(tiny_cfg, tmp_path,
                                                                                                 every, first):
     """converge_tol=1.0: a run converges at its first evaluation with one converge_epochs (2) before it. eval_every=3:
     the uninterrupted run converges at epoch 6 (opened by epoch 3); the final evaluation of epoch 1 left in the
-    history opened the window at epoch 3."""
+    history opened the window at epoch 3. eval_every=1: the uninterrupted run converges at epoch 3, where the capped
+    one stopped at max_epochs (the same evaluation converged): extended, it trained on to epoch 4."""
     over = [*EXTEND, "trainer.test_every=null", f"trainer.eval_every={every}", "trainer.max_epochs=9",
             "trainer.converge_epochs=2", "trainer.converge_tol=1.0"]
     whole = train(tiny_cfg(*over), tmp_path / "whole")
