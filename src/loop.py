@@ -118,14 +118,16 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
         state.before_partial = {"rows": state.recorder.rows, "last_row": dict(state.last_row), "best": dict(state.best)}
     row = evaluation_row(state, images, epoch_time, final)
     reason = state.rules.after_eval(state.epoch, row["train_error"])
+    if final and state.epoch_done:  # a whole epoch's: what an uninterrupted run makes of it, if the run is extended
+        state.before_final = {"rows": state.recorder.rows, "last_row": dict(state.last_row), "best": dict(state.best),
+                              "due": state.rules.should_evaluate(state.epoch, False),
+                              "test_due": test_due(state, False), "ends": reason}
     if reason and "test_error" not in row:  # this evaluation ends the run (converged/stalled): score the test split
         row.update(score_splits(state, ["test"]))
         row["wall_s"] = state.wall_s()
     state.recorder.log(row)
     state.last_row = row
-    for k in ("test_error", "val_error"):
-        if k in row:
-            state.best[f"best_{k}"] = min(state.best.get(f"best_{k}", math.inf), row[k])
+    state.note_best(row)
     pbar.set_postfix(epoch=state.epoch, train_err=f"{row['train_error']:.3f}",
                      test_err=f"{row.get('test_error', math.nan):.3f}", img_s=f"{row['images_per_s']:.0f}")
     scored = state.objective_name.removeprefix("best_") in row  # the pruner sees only freshly scored objectives
@@ -136,8 +138,10 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
 
 def begin_epoch(state: RunState) -> None:
     """Move on to the next epoch unless the one in progress was cut short (a resume mid-epoch: an evaluation of its
-    half-trained model, made where a step rule stopped it, leaves the records as the epoch goes on)."""
+    half-trained model, made where a step rule stopped it, leaves the records as the epoch goes on; a run extended
+    past a stop at an epoch's end keeps of that epoch's final evaluation what an uninterrupted run records)."""
     state.drop_partial_evaluation()
+    state.undo_final_evaluation()
     if state.epoch_done:
         state.epoch, state.epoch_done = state.epoch + 1, False
     state.model.train()

@@ -106,6 +106,16 @@ class RunRecorder:
             atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
         self.rows = n
 
+    def drop_from_last_row(self, prefix: str) -> None:
+        """Rewrite the last row of ``metrics.jsonl`` without its keys starting with ``prefix`` (a final evaluation's
+        ``test_*`` metrics, which the run extended past it would not have scored there)."""
+        lines = self.metrics_path.read_text().splitlines(keepends=True)[:self.rows]
+        if not lines:
+            return
+        row = {k: v for k, v in json.loads(lines[-1]).items() if not k.startswith(prefix)}
+        kept = "".join(lines[:-1]) + json.dumps(row) + "\n"
+        atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
+
     def log(self, row: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")

@@ -117,5 +117,14 @@ def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]
 
 
 def already_stopped(state: RunState) -> bool:
-    """True when ``state`` resumed from a run's final checkpoint and no stop limit was raised since."""
-    return state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before)
+    """True when ``state`` resumed from a run's final checkpoint and no stop limit was raised since, or when one was
+    but that checkpoint's final evaluation, one an uninterrupted run makes too, converged or stalled: the epoch cap
+    kept its reason (``max_epochs``), but a run with a higher cap stops there, so its ``stop_reason`` becomes that
+    one (the run trained on an epoch past it: found 2026-11-30)."""
+    if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
+        return True
+    final = state.before_final
+    if state.stop_reason is not None and final and final["due"] and final["ends"]:
+        state.stop_reason = final["ends"]
+        return True
+    return False

@@ -86,6 +86,10 @@ class RunState:
     # rows seen, last row and best metrics before an evaluation of a half-trained epoch (a step rule stopped the run
     # mid-epoch): a run extended past that stop drops the evaluation, as an uninterrupted run never made it
     before_partial: dict | None = None
+    # the same before the evaluation of a whole epoch made final by a stop (max_epochs, or a step rule on its last
+    # batch), with whether an uninterrupted run makes it (``due``), scores the test split there (``test_due``) and
+    # stops there (``ends``: converged, stalled): a run extended past that stop keeps only what that run records
+    before_final: dict | None = None
 
     def drop_partial_evaluation(self) -> None:
         """A run extended past a step rule that stopped it mid-epoch: its evaluation of the half-trained epoch leaves
@@ -99,6 +103,36 @@ class RunState:
         self.last_row, self.best = dict(bp["last_row"]), dict(bp["best"])
         if self.recorder is not None:
             self.recorder.keep_rows(int(bp["rows"]))
+
+    def undo_final_evaluation(self) -> None:
+        """A run extended past a stop at the end of a whole epoch (its epoch cap, or a step rule on the epoch's last
+        batch): that epoch's evaluation was final, so it was made though ``eval_every`` said none was due and it
+        scored the test split though ``test_every`` did not. What an uninterrupted run does not record leaves the
+        records (found 2026-11-30: eval_every=2, 3 then 6 epochs recorded epochs 2, 3, 4, 6 against 2, 4, 6): an
+        evaluation not due leaves ``metrics.jsonl``, the last row, the best metrics and the convergence history, as a
+        half-trained epoch's does; a due one loses its ``test_*`` metrics where only the stop scored them (and
+        ``best_test_error`` its value). Checkpoints written before 2026-11-30 do not say, and keep the evaluation."""
+        bf, self.before_final = self.before_final, None
+        if bf is None:
+            return
+        if not bf["due"]:
+            if self.rules.history and self.rules.history[-1][0] == self.epoch:
+                self.rules.history.pop()
+            self.last_row, self.best = dict(bf["last_row"]), dict(bf["best"])
+            if self.recorder is not None:
+                self.recorder.keep_rows(int(bf["rows"]))
+        elif not bf["test_due"]:
+            self.last_row = {k: v for k, v in self.last_row.items() if not k.startswith("test_")}
+            self.best = dict(bf["best"])
+            self.note_best(self.last_row)
+            if self.recorder is not None:
+                self.recorder.drop_from_last_row("test_")
+
+    def note_best(self, row: Mapping[str, Any]) -> None:
+        """Take the test and val errors of evaluation ``row`` into the best metrics."""
+        for k in ("test_error", "val_error"):
+            if k in row:
+                self.best[f"best_{k}"] = min(self.best.get(f"best_{k}", math.inf), row[k])
 
     def wall_s(self) -> float:
         """Wall time of the run so far, counted across resumes."""
@@ -114,7 +148,7 @@ class RunState:
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step, "train_time": self.train_time,
             "wall_s": self.wall_s(), "rows": self.recorder.rows if self.recorder else 0,
             "last_row": dict(self.last_row), "best": dict(self.best), "rules": self.rules.state_dict(),
-            "before_partial": self.before_partial,
+            "before_partial": self.before_partial, "before_final": self.before_final,
             "stop_reason": self.stop_reason,
             "rng": {"torch": torch.get_rng_state(), "cuda": list(cuda)}, "loader": self.train_loader.state_dict(),
             "steps_per_epoch": len(self.train_loader),  # the schedule's horizon under other limits (check_extension)
@@ -180,6 +214,7 @@ class RunState:
         self.train_time, self.wall_before = float(state["train_time"]), float(state["wall_s"])
         self.last_row, self.best = dict(state["last_row"]), dict(state["best"])
         self.stop_reason = state.get("stop_reason")
+        self.before_final = state.get("before_final")  # undone if the run goes on (written before 2026-11-30: none)
         if state.get("precision", self.info["precision"]) != self.info["precision"]:  # auto chose otherwise now
             self.info["precision"] = state["precision"]
             self.autocast = autocast_for(self.device, state["precision"])

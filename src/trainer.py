@@ -75,7 +75,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
     try:
         stop = StopSignal()
         with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
-            if already_stopped(state):  # killed after its final checkpoint, before its summary
+            if already_stopped(state):  # killed after its final checkpoint, or extended past a cap where it converged
                 return finish(state, state.stop_reason, checkpoint=False)
             state.started = time.perf_counter()
             with _progress(state) as pbar:

@@ -624,3 +624,71 @@ def test_a_mid_epoch_stops_evaluation_leaves_the_convergence_history_on_resume(t
     ref = torch.load(tmp_path / "ref" / CHECKPOINT, weights_only=True)["rules"]["history"]
     resumed = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)["rules"]["history"]
     assert resumed == ref and [e for e, _ in resumed] == [1, 2, 3]
+
+
+EXTEND = ["trainer.checkpoint=true", "scheduler=constant", "dataset.val_size=40", "trainer.test_every=4"]
+
+
+def history_of(run_dir: Path) -> list:
+    return torch.load(run_dir / CHECKPOINT, weights_only=True)["rules"]["history"]
+
+
+def assert_same_run(cut: dict, whole: dict, tmp_path: Path) -> None:
+    """The run in tmp_path/cut (stopped, then extended) recorded what the uninterrupted tmp_path/whole did."""
+    assert untimed(rows_of(tmp_path / "cut")) == untimed(rows_of(tmp_path / "whole"))
+    for key in ("best_test_error", "best_val_error", "best_train_error", "test_error", "epochs", "steps",
+                "stop_reason"):
+        assert cut.get(key) == whole.get(key), key
+    assert history_of(tmp_path / "cut") == history_of(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("every, first", [(2, "trainer.max_epochs=3"), (2, "trainer.max_steps=12"),
+                                          (1, "trainer.max_epochs=3"), (1, "trainer.max_steps=12")])
+def test_a_run_extended_past_a_stop_at_an_epochs_end_records_what_an_uninterrupted_run_does(tiny_cfg, tmp_path,
+                                                                                             every, first):
+    """Review 2026-11-30 (trainer): a run stopped at its epoch cap, or by a step limit on an epoch's last batch, made
+    that epoch's evaluation final, which scores the test split and runs even where eval_every says none is due;
+    extended, the run kept it: an off-grid row, or a test score the uninterrupted run never made, in metrics.jsonl,
+    best_test_error and the convergence history (eval_every=2, test_every=4, 3 then 6 epochs: rows at epochs 2, 3,
+    4, 6 against 2, 4, 6). 4 steps an epoch: max_steps=12 fires on epoch 3's last batch."""
+    over = [*EXTEND, f"trainer.eval_every={every}", "trainer.max_epochs=6"]
+    whole = train(tiny_cfg(*over), tmp_path / "whole")
+    assert [(r["epoch"], "test_error" in r) for r in rows_of(tmp_path / "whole")] == (
+        [(2, False), (4, True), (6, True)] if every == 2 else [(e, e in (4, 6)) for e in range(1, 7)])
+    stopped = train(tiny_cfg(*over, first), tmp_path / "cut")
+    assert stopped["epochs"] == 3 and "test_error" in rows_of(tmp_path / "cut")[-1]  # the final evaluation
+    cut = train(tiny_cfg(*over), tmp_path / "cut")
+    assert_same_run(cut, whole, tmp_path)
+
+
+@pytest.mark.parametrize("every, first", [(3, "trainer.max_epochs=1"), (3, "trainer.max_steps=4"),
+                                          (1, "trainer.max_epochs=3")])
+def test_a_run_extended_past_a_stop_at_an_epochs_end_converges_where_an_uninterrupted_run_does(tiny_cfg, tmp_path,
+                                                                                                every, first):
+    """converge_tol=1.0: a run converges at its first evaluation with one converge_epochs (2) before it. eval_every=3:
+    the uninterrupted run converges at epoch 6 (opened by epoch 3); the final evaluation of epoch 1 left in the
+    history opened the window at epoch 3. eval_every=1: the uninterrupted run converges at epoch 3, where the capped
+    one stopped at max_epochs (the same evaluation converged): extended, it trained on to epoch 4."""
+    over = [*EXTEND, "trainer.test_every=null", f"trainer.eval_every={every}", "trainer.max_epochs=9",
+            "trainer.converge_epochs=2", "trainer.converge_tol=1.0"]
+    whole = train(tiny_cfg(*over), tmp_path / "whole")
+    assert whole["stop_reason"] in ("converged", "stalled") and whole["epochs"] == (6 if every == 3 else 3)
+    train(tiny_cfg(*over, first), tmp_path / "cut")
+    cut = train(tiny_cfg(*over), tmp_path / "cut")
+    assert_same_run(cut, whole, tmp_path)
+
+
+def test_a_final_checkpoint_written_before_it_recorded_its_evaluation_still_extends(tiny_cfg, tmp_path):
+    """Checkpoints written before 2026-11-30 do not say whether their final evaluation was due: the extended run
+    keeps it, as it did then."""
+    over = [*EXTEND, "trainer.eval_every=2", "trainer.max_epochs=6"]
+    train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path)
+    for name in (CHECKPOINT, PREVIOUS):
+        if (tmp_path / name).exists():
+            ckpt = torch.load(tmp_path / name, weights_only=True)
+            ckpt.pop("before_final", None)
+            torch.save(ckpt, tmp_path / name)
+    extended = train(tiny_cfg(*over), tmp_path)
+    assert [(r["epoch"], "test_error" in r) for r in rows_of(tmp_path)] == [(2, False), (3, True), (4, True),
+                                                                            (6, True)]
+    assert extended["epochs"] == 6

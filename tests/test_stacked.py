@@ -321,3 +321,21 @@ def test_a_stacked_member_extended_past_a_stop_mid_epoch_drops_that_evaluation(t
     train_members([plain(*over, "trainer.max_steps=5", f"seed={s}") for s in (0, 1)], dirs)
     train_members([plain(*over, f"seed={s}") for s in (0, 1)], dirs)
     assert rows(dirs[0]) == rows(dirs[1]) == [(1, 4), (2, 8), (3, 12)]
+
+
+def test_a_stacked_member_extended_past_its_epoch_cap_records_what_an_uninterrupted_member_does(tmp_path):
+    """Review 2026-11-30 (trainer): the final evaluation at a member's epoch cap (test split scored, made though
+    eval_every=2 said none was due) stayed in the records of a member extended past it."""
+    def rows(d):
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "images_per_s")}
+                for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+
+    over = [*VIT, "trainer.checkpoint=true", "scheduler=constant", "trainer.eval_every=2", "trainer.test_every=4",
+            "trainer.max_epochs=6"]
+    whole, cut = [tmp_path / "whole_a", tmp_path / "whole_b"], [tmp_path / "cut_a", tmp_path / "cut_b"]
+    ref = train_members([plain(*over, f"seed={s}") for s in (0, 1)], whole)
+    train_members([plain(*over, "trainer.max_epochs=3", f"seed={s}") for s in (0, 1)], cut)
+    extended = train_members([plain(*over, f"seed={s}") for s in (0, 1)], cut)
+    for w, c, r, e in zip(whole, cut, ref, extended, strict=True):
+        assert [(row["epoch"], "test_error" in row) for row in rows(c)] == [(2, False), (4, True), (6, True)]
+        assert rows(c) == rows(w) and e["best_test_error"] == r["best_test_error"]
