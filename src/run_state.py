@@ -108,10 +108,10 @@ class RunState:
         """A run extended past a stop at the end of a whole epoch (its epoch cap, or a step rule on the epoch's last
         batch): that epoch's evaluation was final, so it was made though ``eval_every`` said none was due and it
         scored the test split though ``test_every`` did not. What an uninterrupted run does not record leaves the
-        records (found 2026-11-30: eval_every=2, 3 then 6 epochs recorded epochs 2, 3, 4, 6 against 2, 4, 6): an
+        records (found 2026-11-29: eval_every=2, 3 then 6 epochs recorded epochs 2, 3, 4, 6 against 2, 4, 6): an
         evaluation not due leaves ``metrics.jsonl``, the last row, the best metrics and the convergence history, as a
         half-trained epoch's does; a due one loses its ``test_*`` metrics where only the stop scored them (and
-        ``best_test_error`` its value). Checkpoints written before 2026-11-30 do not say, and keep the evaluation."""
+        ``best_test_error`` its value). Checkpoints written before 2026-11-29 do not say, and keep the evaluation."""
         bf, self.before_final = self.before_final, None
         if bf is None:
             return
@@ -214,7 +214,7 @@ class RunState:
         self.train_time, self.wall_before = float(state["train_time"]), float(state["wall_s"])
         self.last_row, self.best = dict(state["last_row"]), dict(state["best"])
         self.stop_reason = state.get("stop_reason")
-        self.before_final = state.get("before_final")  # undone if the run goes on (written before 2026-11-30: none)
+        self.before_final = state.get("before_final")  # undone if the run goes on (written before 2026-11-29: none)
         if state.get("precision", self.info["precision"]) != self.info["precision"]:  # auto chose otherwise now
             self.info["precision"] = state["precision"]
             self.autocast = autocast_for(self.device, state["precision"])

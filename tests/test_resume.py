@@ -646,7 +646,7 @@ def assert_same_run(cut: dict, whole: dict, tmp_path: Path) -> None:
                                           (1, "trainer.max_epochs=3"), (1, "trainer.max_steps=12")])
 def test_a_run_extended_past_a_stop_at_an_epochs_end_records_what_an_uninterrupted_run_does(tiny_cfg, tmp_path,
                                                                                              every, first):
-    """Review 2026-11-30 (trainer): a run stopped at its epoch cap, or by a step limit on an epoch's last batch, made
+    """Review 2026-11-29 (trainer): a run stopped at its epoch cap, or by a step limit on an epoch's last batch, made
     that epoch's evaluation final, which scores the test split and runs even where eval_every says none is due;
     extended, the run kept it: an off-grid row, or a test score the uninterrupted run never made, in metrics.jsonl,
     best_test_error and the convergence history (eval_every=2, test_every=4, 3 then 6 epochs: rows at epochs 2, 3,
@@ -679,7 +679,7 @@ def test_a_run_extended_past_a_stop_at_an_epochs_end_converges_where_an_uninterr
 
 
 def test_a_final_checkpoint_written_before_it_recorded_its_evaluation_still_extends(tiny_cfg, tmp_path):
-    """Checkpoints written before 2026-11-30 do not say whether their final evaluation was due: the extended run
+    """Checkpoints written before 2026-11-29 do not say whether their final evaluation was due: the extended run
     keeps it, as it did then."""
     over = [*EXTEND, "trainer.eval_every=2", "trainer.max_epochs=6"]
     train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path)

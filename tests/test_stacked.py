@@ -324,7 +324,7 @@ def test_a_stacked_member_extended_past_a_stop_mid_epoch_drops_that_evaluation(t
 
 
 def test_a_stacked_member_extended_past_its_epoch_cap_records_what_an_uninterrupted_member_does(tmp_path):
-    """Review 2026-11-30 (trainer): the final evaluation at a member's epoch cap (test split scored, made though
+    """Review 2026-11-29 (trainer): the final evaluation at a member's epoch cap (test split scored, made though
     eval_every=2 said none was due) stayed in the records of a member extended past it."""
     def rows(d):
         return [{k: v for k, v in r.items() if k not in ("wall_s", "images_per_s")}
