@@ -994,6 +994,30 @@ def test_the_effect_must_be_an_error_fraction(tmp_path, capsys):
         assert "a test-error fraction in (0, 1)" in capsys.readouterr().err
 
 
+def test_the_sd_interval_counts_each_seed_once_where_the_pilots_curves_share_seeds(tmp_path):
+    """Review 2026-11-29 (study statistics, 1): the ViT pilot's two contrast curves (weight decay 0 and 0.01) ran on
+    the same seeds 0-1, which share their data, label noise and init, and their seed differences had the same sign:
+    the sd's dof added 1 per curve and side (2), and its interval read 0.0128-0.1551 where, each seed counted once
+    (1 dof), it is 0.011-0.79. Both are printed; the power figure itself is unchanged."""
+    from scipy import stats
+    df = load_runs(write_pilot(tmp_path / "shared", seeds=(0, 1, 2), lrs=(0.02,)))  # n 2048 and 8192, seeds 0-2
+    sp = design.spread(df)
+    assert sp.curves == 2 and sp.dof == 2 * 2 * 2 and sp.contrast_seeds == 3
+    lo, hi = sp.sd_interval()
+    once_lo, once_hi = sp.sd_interval(seeds_once=True)
+    assert hi / lo == pytest.approx(np.sqrt(stats.chi2.ppf(0.975, 4) / stats.chi2.ppf(0.025, 4)), rel=1e-6)
+    assert once_hi / once_lo == pytest.approx(np.sqrt(stats.chi2.ppf(0.975, 2) / stats.chi2.ppf(0.025, 2)), rel=1e-6)
+    main = load_runs(write_pilot(tmp_path / "main", seeds=(3, 4, 5), lrs=(0.02,), sizes=(8192,)))
+    text = design.tests_markdown(design.peak_tests(main, sp, effect=0.05), sp)
+    assert f"counting each seed once (2 dof): {once_lo:.4f}-{once_hi:.4f}" in text, text
+    # curves on other seeds each: nothing shared, one interval
+    a = load_runs(write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(2048,)))
+    b = load_runs(write_pilot(tmp_path / "b", seeds=(3, 4, 5), lrs=(0.02,), sizes=(8192,)))
+    apart = design.spread(pd.concat([a, b], ignore_index=True))
+    assert apart.contrast_seeds == 6 and apart.sd_interval(seeds_once=True) == apart.sd_interval()
+    assert "counting each seed once" not in design.tests_markdown(design.peak_tests(main, apart, effect=0.05), apart)
+
+
 def test_the_power_figure_takes_the_noisier_contrast_since_a_peak_needs_both(tmp_path):
     """Review 2026-11-29 (stats, 3): the power figure pooled the left and right contrasts' sds, but the declared
     test needs both one-sided tests to reject, so its power is set by the noisier side. Simulated with sides of sd

@@ -42,8 +42,14 @@ def tests_markdown(tests: list[PeakTest], pilot: Spread, rule: str = "critical")
     rows = pd.DataFrame([asdict(t) for t in tests])
     lo, hi = pilot.sd_interval()
     source = "" if pilot.dof else f", from the one-width sd's {pilot.width_dof} dof"
-    interval = (f" (95% interval {lo:.4f}-{hi:.4f}{source}: the smallest detectable peak `mde` is uncertain in the "
-                "same proportion)" if np.isfinite(lo) else "")
+    once = ""
+    if np.isfinite(lo) and pilot.once_dof < pilot.interval_dof:
+        o_lo, o_hi = pilot.sd_interval(seeds_once=True)
+        once = (f"; counting each seed once ({pilot.once_dof:g} dof): {o_lo:.4f}-{o_hi:.4f}, since the pilot's "
+                f"{'curves' if pilot.dof else 'curves and widths'} share seeds, whose data subset, labels and init "
+                "they share")
+    interval = (f" (95% interval {lo:.4f}-{hi:.4f}{source}{once}: the smallest detectable peak `mde` is uncertain "
+                "in the same proportion)" if np.isfinite(lo) else "")
     return (f"## Declared test: the {rule} width's test error above both neighbours (paired one-sided t, "
             "intersection-union)\n\n"
             f"Pilot contrast sd {pilot.contrast_sd:.4f}, both sides pooled ({pilot.dof} dof); power from "

@@ -72,6 +72,8 @@ class Spread:
     rerun_sd: float = np.nan  # pooled sd of test error within a cell's reruns (``reruns`` dof)
     duplicates: int = 0  # runs identical to another of their cell (one run read twice): counted once
     width_dof: int = 0  # of width_sd: seeds - 1 summed over the (curve, width) groups
+    contrast_seeds: int = 0  # distinct seeds among the contrasts (curves that share seeds count them once)
+    width_seeds: int = 0  # distinct seeds among the width groups
 
     @property
     def rerun_note(self) -> str:
@@ -115,25 +117,46 @@ class Spread:
             return float(np.sqrt(2) * self.width_sd)
         return self.contrast_sd if self.side is None else max(self.left_sd, self.right_sd)
 
-    def sd_interval(self, level: float = 0.95) -> tuple[float, float]:
+    def sd_interval(self, level: float = 0.95, seeds_once: bool = False) -> tuple[float, float]:
         """The ``level`` chi-square interval of ``power_sd``: the power figure takes the sd as known, so the smallest
         detectable peak is uncertain in the same proportion. One side's sd has ``dof / 2`` independent degrees of
         freedom (each seed of each curve once). Without a contrast (the fallback, sqrt(2) x one width's sd), the
         interval of that sd on its own ``width_dof`` (NaNs where it has none).
+
+        ``seeds_once``: with the dof capped at what each distinct seed counted once gives (``once_dof``). Curves (and
+        widths) that share a seed share its data subset, label noise and init, so their deviations need not be
+        independent: the ViT pilot's two weight-decay curves on seeds 0-1 moved the same way (review 2026-11-29).
+        The truth lies between the two intervals; both are printed.
 
         For the pooled sd of both sides: a seed's left and right contrasts share the centre width's error
         (correlation 0.5 when the widths' errors are independent), so their ``dof`` squared deviations carry
         ``dof / (1 + 0.5^2)`` degrees of freedom (the effective dof of two such sample variances pooled); counted as
         ``dof`` the interval covered 92-93%, with this 95-96% (tests/test_design.py)."""
         a = (1 - level) / 2
-        if not self.dof:  # the fallback, sqrt(2) x one width's sd: that sd's own dof (review 2026-11-29, D3)
-            if not self.width_dof:
-                return np.nan, np.nan
-            sd, dof = self.power_sd, self.width_dof
-        else:
-            sd, dof = (self.contrast_sd, self.dof / 1.25) if self.side is None else (self.power_sd, self.dof / 2)
+        dof = min(self.interval_dof, self.once_dof) if seeds_once else self.interval_dof
+        if not dof:
+            return np.nan, np.nan
+        sd = self.contrast_sd if self.dof and self.side is None else self.power_sd
         return (float(sd * np.sqrt(dof / stats.chi2.ppf(1 - a, dof))),
                 float(sd * np.sqrt(dof / stats.chi2.ppf(a, dof))))
+
+    @property
+    def interval_dof(self) -> float:
+        """The dof ``sd_interval`` gives ``power_sd``: one side's ``dof / 2``; both sides pooled ``dof / 1.25``; the
+        fallback's ``width_dof`` (the fallback, sqrt(2) x one width's sd: that sd's own dof, review 2026-11-29, D3)."""
+        if not self.dof:
+            return self.width_dof
+        return self.dof / 1.25 if self.side is None else self.dof / 2
+
+    @property
+    def once_dof(self) -> float:
+        """The dof of ``power_sd`` with each distinct seed counted once: seeds - 1 for one side's sd (or one width's,
+        in the fallback), 2 (seeds - 1) / 1.25 for both sides pooled (see ``sd_interval``); inf where unknown."""
+        if not self.dof:
+            return self.width_seeds - 1 if self.width_seeds else np.inf
+        if not self.contrast_seeds:
+            return np.inf
+        return 2 * (self.contrast_seeds - 1) / 1.25 if self.side is None else self.contrast_seeds - 1
 
     @property
     def power_source(self) -> str:
@@ -214,10 +237,12 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
     e2 = rr["ss"] / rr["dof"] if rr["dof"] else 0.0
     ss_c = dof_c = ss_w = dof_w = curves = 0
     ss_side = {"left": 0.0, "right": 0.0}
+    seeds_c, seeds_w = set(), set()
     for _, c in df.groupby([*curve_keys(df), NOISE], dropna=False):
         for _, g in c.groupby(width):
             n = g["test_error"].count()
             if n > 1:
+                seeds_w |= set(g.loc[g["test_error"].notna(), SEED])
                 lost = 1 - 1 / g.loc[g["test_error"].notna(), "runs"]
                 ss_w += one_run_variance(g["test_error"].var(), lost, e2) * (n - 1)
                 dof_w += n - 1
@@ -226,6 +251,7 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
             continue
         d, (lo, _, hi) = peak_contrast(c, width, t)
         if len(d) > 1:
+            seeds_c |= set(d.index)
             r = c.set_index([width, SEED])["runs"]
             for side, w in (("left", lo), ("right", hi)):
                 lost = sum(1 - 1 / r.loc[x].reindex(d.index).to_numpy() for x in (t, w))  # both widths' share
@@ -238,7 +264,8 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
     return Spread(float(np.sqrt(ss_c / dof_c)) if dof_c else np.nan, int(dof_c),
                   float(np.sqrt(ss_w / dof_w)) if dof_w else np.nan, curves, sides["left"], sides["right"],
                   reruns=rr["dof"], rerun_cells=rr["cells"], width_dof=int(dof_w),
-                  rerun_sd=float(np.sqrt(e2)) if rr["dof"] else np.nan, duplicates=rr["duplicates"])
+                  rerun_sd=float(np.sqrt(e2)) if rr["dof"] else np.nan, duplicates=rr["duplicates"],
+                  contrast_seeds=len(seeds_c), width_seeds=len(seeds_w))
 
 
 def _contrast_test(d: pd.DataFrame, lo, hi, never: bool, tol: float, pilot_sd: float | Spread, alpha: float
