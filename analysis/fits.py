@@ -31,7 +31,7 @@ The offset model ``a * n^alpha + c`` (4+ sizes) is fitted to the arithmetic mean
 draws S rows of the (seed, size) table with replacement and averages them at every size (a seed lacking a size leaves
 that size's mean to the drawn seeds that have it; a resample where no drawn seed has some size is skipped), since a
 seed's subsets are nested across sizes and its errors move together. Resampling each size's runs on their own (before
-review 2026-12) mixed seed 1 at one size with seed 3 at the next and drew a narrower range: on heads_depth's h1_d1
+review 2026-11-29) mixed seed 1 at one size with seed 3 at the next and drew a narrower range: on heads_depth's h1_d1
 curve, a floor of 0.010-0.070, clearly above zero, that whole seeds put at 0-0.085. With 4 seeds this range is
 no 95% interval: in 200 simulated studies of 4 seeds at 6 sizes (5% noise per run, with or without a per-seed
 factor of log-sd 0.08 shared by a seed's sizes; 200 resamples each) it covered the planted exponent in 78% and the

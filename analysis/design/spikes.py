@@ -54,12 +54,13 @@ def lost_fit_centre(c: pd.DataFrame, width: str, tol: float, rule: str) -> tuple
 
 
 def _reread_centre(c: pd.DataFrame, reread, width: str, tol: float, rule: str) -> tuple[int, str]:
-    t, r = center(c, width, tol, rule), center(reread(c), width, tol, rule)
+    alt = reread(c)
+    t, r = center(c, width, tol, rule), center(alt, width, tol, rule)
     if _same(t, r):
         return 0, ""
-    upto = np.nanmax([threshold(c, width, tol), threshold(reread(c), width, tol), -np.inf])
-    sel = c[c[width] <= upto] if np.isfinite(upto) else c
-    n = int(((sel["train_error"] > tol) != (reread(sel)["train_error"] > tol)).sum())
+    upto = np.nanmax([threshold(c, width, tol), threshold(alt, width, tol), -np.inf])
+    sel = c[width] <= upto if np.isfinite(upto) else pd.Series(True, c.index)
+    n = int(((c.loc[sel, "train_error"] > tol) != (alt.loc[sel, "train_error"] > tol)).sum())
     if not np.isfinite(r):
         return n, "none (no width below a threshold in the grid)"
     d, (lo, _, hi) = peak_contrast(c, width, r)
