@@ -136,6 +136,18 @@ def record_evaluation(state: RunState, images: int, epoch_time: float, reporter:
     return reason
 
 
+def replay_final_report(state: RunState, reporter: Reporter | None) -> str | None:
+    """A run extended past a stop at the end of a whole epoch: keep of that epoch's final evaluation what an
+    uninterrupted run records (``RunState.undo_final_evaluation``) and, where that run evaluated there, report the
+    evaluation to the pruner as it did. A stopping run reports to none, so the extended run never told the pruner
+    that epoch's value and trained on where the uninterrupted run was pruned (found 2026-11-29). Returns ``pruned``
+    when the pruner stops the run there, else None."""
+    if state.before_final is None or not state.undo_final_evaluation() or reporter is None:
+        return None
+    scored = state.objective_name.removeprefix("best_") in state.last_row
+    return "pruned" if scored and reporter(metric(state, state.objective_name), state.epoch) else None
+
+
 def begin_epoch(state: RunState) -> None:
     """Move on to the next epoch unless the one in progress was cut short (a resume mid-epoch: an evaluation of its
     half-trained model, made where a step rule stopped it, leaves the records as the epoch goes on; a run extended
@@ -191,6 +203,9 @@ def until_stopped(reporter: Reporter | None, stop: StopSignal) -> Reporter | Non
 def run_loop(state: RunState, reporter: Reporter | None, stop: StopSignal, pbar) -> str:
     """Epochs until a stop rule fires; checkpoints as configured. Returns the stop reason."""
     reporter = until_stopped(reporter, stop)
+    pruned = replay_final_report(state, reporter)
+    if pruned:
+        return pruned
     while True:
         started = state.wall_s()
         reason, images = train_epoch(state, stop, pbar)

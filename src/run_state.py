@@ -104,17 +104,19 @@ class RunState:
         if self.recorder is not None:
             self.recorder.keep_rows(int(bp["rows"]))
 
-    def undo_final_evaluation(self) -> None:
+    def undo_final_evaluation(self) -> bool:
         """A run extended past a stop at the end of a whole epoch (its epoch cap, or a step rule on the epoch's last
         batch): that epoch's evaluation was final, so it was made though ``eval_every`` said none was due and it
         scored the test split though ``test_every`` did not. What an uninterrupted run does not record leaves the
         records (found 2026-11-29: eval_every=2, 3 then 6 epochs recorded epochs 2, 3, 4, 6 against 2, 4, 6): an
         evaluation not due leaves ``metrics.jsonl``, the last row, the best metrics and the convergence history, as a
         half-trained epoch's does; a due one loses its ``test_*`` metrics where only the stop scored them (and
-        ``best_test_error`` its value). Checkpoints written before 2026-11-29 do not say, and keep the evaluation."""
+        ``best_test_error`` its value). Checkpoints written before 2026-11-29 do not say, and keep the evaluation.
+        Returns True when the evaluation stays as one an uninterrupted run makes (``src.loop.replay_final_report``
+        then reports it to the pruner, as that run did)."""
         bf, self.before_final = self.before_final, None
         if bf is None:
-            return
+            return False
         if not bf["due"]:
             if self.rules.history and self.rules.history[-1][0] == self.epoch:
                 self.rules.history.pop()
@@ -127,6 +129,7 @@ class RunState:
             self.note_best(self.last_row)
             if self.recorder is not None:
                 self.recorder.drop_from_last_row("test_")
+        return bool(bf["due"])
 
     def note_best(self, row: Mapping[str, Any]) -> None:
         """Take the test and val errors of evaluation ``row`` into the best metrics."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from src.loop import replay_final_report
 from src.records import hold_run_dir, writable_run_dir
 from src.resume import already_stopped, prepare_resume, resume
 from src.run_setup import plain_config
@@ -148,10 +149,13 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 if done is None:
                     state = resume(cfg, run_dir, found)
                     start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
-                    if not already_stopped(state):
+                    if already_stopped(state):
+                        done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
+                    elif pruned := replay_final_report(state, reporters[k]):  # extended past a cap it is pruned at
+                        done = finish(state, pruned)
+                    else:
                         states[k] = state
                         continue
-                    done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
                 results[k] = done
                 _report(on_done, k, done)
             except Exception as e:  # this member fails alone

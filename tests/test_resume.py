@@ -692,3 +692,38 @@ def test_a_final_checkpoint_written_before_it_recorded_its_evaluation_still_exte
     assert [(r["epoch"], "test_error" in r) for r in rows_of(tmp_path)] == [(2, False), (3, True), (4, True),
                                                                             (6, True)]
     assert extended["epochs"] == 6
+
+
+@pytest.mark.parametrize("every, test_every, objective, epochs", [
+    (1, "null", "auto", 3), (1, "4", "auto", 3), (3, "6", "auto", 3), (3, "6", "test_error", 6)])
+def test_a_run_extended_past_its_cap_is_pruned_where_an_uninterrupted_run_is(tiny_cfg, tmp_path, every, test_every,
+                                                                              objective, epochs):
+    """Found 2026-11-29 (trainer review leftover): the final evaluation of a capped run reports to no pruner (a
+    stopping run is not pruned), so a run extended past its cap never told the pruner that epoch's value, which the
+    uninterrupted run did, and trained on where that run was pruned. The extension reports the kept evaluation first.
+    The reporter prunes at epoch 3. Objective val_error (auto, with a val split): reported at epoch 3 whatever
+    test_every says. Objective test_error with test_every=6: the uninterrupted run does not score the test split at
+    epoch 3, so nothing is reported there (the capped run's test score came from its stop) and it trains to 6."""
+    over = [*EXTEND, f"trainer.eval_every={every}", f"trainer.test_every={test_every}", "trainer.max_epochs=6",
+            f"trainer.objective={objective}"]
+    whole_calls, cut_calls = [], []
+    whole = train(tiny_cfg(*over), tmp_path / "whole", reporter=lambda v, e: whole_calls.append((v, e)) or e == 3)
+    assert whole["stop_reason"] == ("pruned" if epochs == 3 else "max_epochs") and whole["epochs"] == epochs
+    stopped = train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path / "cut",
+                    reporter=lambda v, e: cut_calls.append((v, e)) or e == 3)
+    assert stopped["stop_reason"] == "max_epochs" and len(cut_calls) == len(range(every, 3, every))
+    cut = train(tiny_cfg(*over), tmp_path / "cut", reporter=lambda v, e: cut_calls.append((v, e)) or e == 3)
+    assert cut_calls == whole_calls
+    assert_same_run(cut, whole, tmp_path)
+
+
+def test_an_extended_run_reports_its_kept_final_evaluation_once_and_goes_on_when_not_pruned(tiny_cfg, tmp_path):
+    """The replayed report of the kept evaluation comes once; a run not pruned there trains on as the uninterrupted
+    one, reporting every later evaluation but the final one (epochs 1-5, each once)."""
+    over = [*EXTEND, "trainer.max_epochs=6"]
+    whole_calls, cut_calls = [], []
+    whole = train(tiny_cfg(*over), tmp_path / "whole", reporter=lambda v, e: whole_calls.append((v, e)) and False)
+    train(tiny_cfg(*over, "trainer.max_epochs=3"), tmp_path / "cut", reporter=lambda v, e: cut_calls.append((v, e)))
+    cut = train(tiny_cfg(*over), tmp_path / "cut", reporter=lambda v, e: cut_calls.append((v, e)))
+    assert [e for _, e in whole_calls] == list(range(1, 6)) and cut_calls == whole_calls
+    assert_same_run(cut, whole, tmp_path)

@@ -339,3 +339,25 @@ def test_a_stacked_member_extended_past_its_epoch_cap_records_what_an_uninterrup
     for w, c, r, e in zip(whole, cut, ref, extended, strict=True):
         assert [(row["epoch"], "test_error" in row) for row in rows(c)] == [(2, False), (4, True), (6, True)]
         assert rows(c) == rows(w) and e["best_test_error"] == r["best_test_error"]
+
+
+def test_a_stacked_member_extended_past_its_epoch_cap_is_pruned_where_an_uninterrupted_member_is(tmp_path):
+    """Review 2026-11-29 (trainer leftover): a member's final evaluation at its cap reports to no pruner; extended,
+    the member never reported that epoch and trained on where the uninterrupted member was pruned. Member 0's
+    reporter prunes at epoch 2; member 1 has none and trains to its cap."""
+    over = [*CNN, "trainer.checkpoint=true", "scheduler=constant", "trainer.max_epochs=4"]
+    whole, cut = [tmp_path / "whole_a", tmp_path / "whole_b"], [tmp_path / "cut_a", tmp_path / "cut_b"]
+    calls = {"whole": [], "cut": []}
+
+    def prunes_at_2(name):
+        return lambda value, epoch: calls[name].append((value, epoch)) or epoch == 2
+
+    ref = train_members([plain(*over, f"seed={s}") for s in (0, 1)], whole, reporters=[prunes_at_2("whole"), None])
+    assert [r["stop_reason"] for r in ref] == ["pruned", "max_epochs"] and ref[0]["epochs"] == 2
+    train_members([plain(*over, "trainer.max_epochs=2", f"seed={s}") for s in (0, 1)], cut,
+                  reporters=[prunes_at_2("cut"), None])
+    extended = train_members([plain(*over, f"seed={s}") for s in (0, 1)], cut, reporters=[prunes_at_2("cut"), None])
+    assert [(r["stop_reason"], r["epochs"]) for r in extended] == [("pruned", 2), ("max_epochs", 4)]
+    assert calls["cut"] == calls["whole"]
+    for w, c in zip(whole, cut, strict=True):
+        assert (c / "metrics.jsonl").read_text().count("\n") == (w / "metrics.jsonl").read_text().count("\n")
