@@ -1362,3 +1362,26 @@ def test_the_declared_test_states_which_pilot_sizes_its_spread_pools_and_each_si
         alone = design.spread(df[df["dataset.n_train"] == n])
         assert f"dataset.n_train {n} alone: mde at 3 seeds {alone.mde(3):.4f}" in text
     assert "Post hoc (sensitivity)" in text
+
+
+def test_the_studies_are_read_in_the_order_given_not_in_the_folders_alphabetical_order(tmp_path):
+    """Review 2026-11-29 (analysis): ``find_run_dirs`` sorted every run dir found, so ``load_runs([later, earlier])``
+    read ``earlier``'s folder first whatever the order given, and the declared test's "Studies read, in the order
+    given" listed them alphabetically: a study given second that started after the first had finished was then
+    listed first, and the output said "The studies' runs overlap in time" of two studies that did not overlap."""
+    from analysis.design.sources import sources_markdown, study_order
+
+    first, second = tmp_path / "z_first", tmp_path / "a_second"
+    for root, name, seeds in ((first, "dd_first", (0, 1)), (second, "dd_second", (2,))):
+        for i, s in enumerate(seeds):
+            write_run(root, i, cnn_config(s, 4, 0.02, 2048),
+                      {"status": "completed", "stop_reason": "converged", "train_error": 0.0, "test_error": 0.2,
+                       "study_name": name, "study_storage": f"sqlite:///{root}/optuna.db", "trial_number": i})
+    df = load_runs([first, second], optuna_state=False)
+    assert [s[1] for s in study_order(df)] == ["dd_first", "dd_second"]
+    times = {s: (pd.Timestamp(f"2026-11-29 0{h}:00"), pd.Timestamp(f"2026-11-29 0{h}:30"))
+             for s, h in zip(study_order(df), (1, 3), strict=True)}
+    text = sources_markdown(df, times=times)
+    assert re.search(r"in the order given: dd_first \(seeds 0-1; .*\), dd_second \(seed 2", text)
+    assert "dd_second started after the last run of the studies before it had finished" in text
+
