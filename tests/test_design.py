@@ -1385,3 +1385,24 @@ def test_the_studies_are_read_in_the_order_given_not_in_the_folders_alphabetical
     assert re.search(r"in the order given: dd_first \(seeds 0-1; .*\), dd_second \(seed 2", text)
     assert "dd_second started after the last run of the studies before it had finished" in text
 
+
+def test_a_pilot_threshold_is_a_mean_over_seeds_not_over_runs(tmp_path):
+    """Review 2026-11-29 (analysis): ``threshold`` averaged the train errors of a width's runs, so a seed rerun at a
+    width counted once per run. Here seed 0 ran twice at C1 = 8 (train error 0 both times) and seed 1 once (2.5%):
+    the runs' mean 0.83% put the pilot's threshold (and the main grid ``choose_main`` builds round it) at 8, where
+    the seeds' mean is 1.25%, and ``spread``, which averages each seed's reruns first, centred its contrasts at 12."""
+    num = 0
+    for w in WIDTHS:
+        for s in (0, 1):
+            train, test = curve(w, 8)
+            train = 0.025 if (w, s) == (8, 1) else train
+            for _ in range(2 if (w, s) == (8, 0) else 1):  # a genuine rerun: another test error
+                write_run(tmp_path, num, cnn_config(s, w, 0.02, 8192),
+                          {"status": "completed", "stop_reason": "converged", "train_error": train,
+                           "test_error": test + 0.001 * num, "chance_train_error": 0.9, "best_train_error": train})
+                num += 1
+    df = load_runs(tmp_path)
+    (t,) = design.thresholds(df)["threshold"]
+    assert t == 12
+    assert design.choose_lr(df)[1]["runs_at_threshold_widths"].iloc[0] == 9  # C1 6-24: 6, 8 (3 runs), 12, 16
+
