@@ -1406,3 +1406,14 @@ def test_a_pilot_threshold_is_a_mean_over_seeds_not_over_runs(tmp_path):
     assert t == 12
     assert design.choose_lr(df)[1]["runs_at_threshold_widths"].iloc[0] == 9  # C1 6-24: 6, 8 (3 runs), 12, 16
 
+
+def test_the_plan_chooses_no_main_run_when_the_lr_rule_chose_no_lr(tmp_path, capsys):
+    """Review 2026-11-29 (analysis): with every lr collapsed at its threshold widths the lr rule chooses none, and
+    ``plan --target`` still printed a main run: its n_train and grid from a threshold read at whichever lr's curve lay
+    nearest the target, and no ``optimizer.lr``, so the main run would train at the config's lr, which the pilot
+    may never have tried, looking like the rules' choice. It refuses instead."""
+    write_pilot(tmp_path, collapse_at={(lr, 4) for lr in (0.05, 0.02, 0.01)})
+    assert design.main(["plan", str(tmp_path), "--target", "6"]) == 1
+    captured = capsys.readouterr()
+    assert "dataset.n_train=" not in captured.out and "seed=choice" not in captured.out
+    assert "the lr rule chose no lr" in captured.err
