@@ -1417,3 +1417,32 @@ def test_the_plan_chooses_no_main_run_when_the_lr_rule_chose_no_lr(tmp_path, cap
     captured = capsys.readouterr()
     assert "dataset.n_train=" not in captured.out and "seed=choice" not in captured.out
     assert "the lr rule chose no lr" in captured.err
+
+
+def test_a_fixed_arm_refuses_capped_runs_that_set_a_recipe_key_its_own_runs_lack(tmp_path):
+    """Review 2026-11-29 (analysis): ``with_capped`` compared the recipe keys of the fixed arm's config only, so a key
+    the other arm's runs set and the fixed arm's configs do not hold at all (momentum 0.9 there, no such key here:
+    runs of another code version, or another optimizer group) let its runs join the fixed arm's curves unnoticed,
+    and the test, whose config columns are the fixed arm's, never compared it either."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    for s in range(2):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, 8192)
+            summary = {"status": "completed", "stop_reason": "max_epochs", "epochs": 300, "train_error": train,
+                       "test_error": test}
+            write_run(conv, s * 100 + w, {**cfg, "optimizer": {"lr": 0.05, "momentum": 0.9},
+                                          "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if w >= 8:
+                write_run(fixed, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}}, summary)
+    main = load_runs(fixed, optuna_state=False)
+    with pytest.raises(ValueError, match=r"optimizer\.momentum = \['0\.9'\] there, '\(not set\)' here"):
+        design.with_capped(main, load_runs(conv, optuna_state=False))
+    with pytest.raises(ValueError, match=r"optimizer\.momentum = \['\(not set\)'\] there, 0\.9 here"):  # and back
+        design.with_capped(main.assign(**{"optimizer.momentum": 0.9}).pipe(_with_config_column, "optimizer.momentum"),
+                           load_runs(conv, optuna_state=False).drop(columns="optimizer.momentum"))
+
+
+def _with_config_column(df: pd.DataFrame, key: str) -> pd.DataFrame:
+    df.attrs["config_columns"] = [*df.attrs["config_columns"], key]
+    return df
