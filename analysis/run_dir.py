@@ -21,20 +21,26 @@ _EXPECTED = (
 
 
 def find_run_dirs(paths: PathLike | Iterable[PathLike]) -> list[Path]:
-    """Every folder under ``paths`` (recursively, the paths themselves included) holding .hydra/config.yaml."""
+    """Every folder under ``paths`` (recursively, the paths themselves included) holding .hydra/config.yaml, in the
+    order the paths are given (each path's in natural order; one found under two paths comes with the first).
+
+    The order given is kept: a declared test lists the studies it pools in that order, and reads which started
+    after the ones before had finished from it (``analysis.design.sources``); sorted all together, the run dirs of
+    ``[later, earlier]`` came back ``earlier``'s first (review 2026-11-29, analysis)."""
     paths = [paths] if isinstance(paths, str | Path) else list(paths)
     if not paths:
         raise FileNotFoundError(f"no folders given; {_EXPECTED}")
-    found: set[Path] = set()
+    found: dict[Path, None] = {}
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"'{p}' does not exist; {_EXPECTED}")
         if not p.is_dir():
             raise NotADirectoryError(f"'{p}' is a file; {_EXPECTED}")
-        found.update(cfg.parent.parent.resolve() for cfg in p.rglob(".hydra/config.yaml"))
+        here = {cfg.parent.parent.resolve() for cfg in p.rglob(".hydra/config.yaml")}
+        found.update(dict.fromkeys(sorted(here, key=_natural_key)))
     if not found:
         raise FileNotFoundError(f"no run directories under {', '.join(map(str, paths))}; {_EXPECTED}")
-    return sorted(found, key=_natural_key)
+    return list(found)
 
 
 def _natural_key(p: Path) -> list:

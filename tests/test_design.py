@@ -1362,3 +1362,87 @@ def test_the_declared_test_states_which_pilot_sizes_its_spread_pools_and_each_si
         alone = design.spread(df[df["dataset.n_train"] == n])
         assert f"dataset.n_train {n} alone: mde at 3 seeds {alone.mde(3):.4f}" in text
     assert "Post hoc (sensitivity)" in text
+
+
+def test_the_studies_are_read_in_the_order_given_not_in_the_folders_alphabetical_order(tmp_path):
+    """Review 2026-11-29 (analysis): ``find_run_dirs`` sorted every run dir found, so ``load_runs([later, earlier])``
+    read ``earlier``'s folder first whatever the order given, and the declared test's "Studies read, in the order
+    given" listed them alphabetically: a study given second that started after the first had finished was then
+    listed first, and the output said "The studies' runs overlap in time" of two studies that did not overlap."""
+    from analysis.design.sources import sources_markdown, study_order
+
+    first, second = tmp_path / "z_first", tmp_path / "a_second"
+    for root, name, seeds in ((first, "dd_first", (0, 1)), (second, "dd_second", (2,))):
+        for i, s in enumerate(seeds):
+            write_run(root, i, cnn_config(s, 4, 0.02, 2048),
+                      {"status": "completed", "stop_reason": "converged", "train_error": 0.0, "test_error": 0.2,
+                       "study_name": name, "study_storage": f"sqlite:///{root}/optuna.db", "trial_number": i})
+    df = load_runs([first, second], optuna_state=False)
+    assert [s[1] for s in study_order(df)] == ["dd_first", "dd_second"]
+    times = {s: (pd.Timestamp(f"2026-11-29 0{h}:00"), pd.Timestamp(f"2026-11-29 0{h}:30"))
+             for s, h in zip(study_order(df), (1, 3), strict=True)}
+    text = sources_markdown(df, times=times)
+    assert re.search(r"in the order given: dd_first \(seeds 0-1; .*\), dd_second \(seed 2", text)
+    assert "dd_second started after the last run of the studies before it had finished" in text
+
+
+def test_a_pilot_threshold_is_a_mean_over_seeds_not_over_runs(tmp_path):
+    """Review 2026-11-29 (analysis): ``threshold`` averaged the train errors of a width's runs, so a seed rerun at a
+    width counted once per run. Here seed 0 ran twice at C1 = 8 (train error 0 both times) and seed 1 once (2.5%):
+    the runs' mean 0.83% put the pilot's threshold (and the main grid ``choose_main`` builds round it) at 8, where
+    the seeds' mean is 1.25%, and ``spread``, which averages each seed's reruns first, centred its contrasts at 12."""
+    num = 0
+    for w in WIDTHS:
+        for s in (0, 1):
+            train, test = curve(w, 8)
+            train = 0.025 if (w, s) == (8, 1) else train
+            for _ in range(2 if (w, s) == (8, 0) else 1):  # a genuine rerun: another test error
+                write_run(tmp_path, num, cnn_config(s, w, 0.02, 8192),
+                          {"status": "completed", "stop_reason": "converged", "train_error": train,
+                           "test_error": test + 0.001 * num, "chance_train_error": 0.9, "best_train_error": train})
+                num += 1
+    df = load_runs(tmp_path)
+    (t,) = design.thresholds(df)["threshold"]
+    assert t == 12
+    assert design.choose_lr(df)[1]["runs_at_threshold_widths"].iloc[0] == 9  # C1 6-24: 6, 8 (3 runs), 12, 16
+
+
+def test_the_plan_chooses_no_main_run_when_the_lr_rule_chose_no_lr(tmp_path, capsys):
+    """Review 2026-11-29 (analysis): with every lr collapsed at its threshold widths the lr rule chooses none, and
+    ``plan --target`` still printed a main run: its n_train and grid from a threshold read at whichever lr's curve lay
+    nearest the target, and no ``optimizer.lr``, so the main run would train at the config's lr, which the pilot
+    may never have tried, looking like the rules' choice. It refuses instead."""
+    write_pilot(tmp_path, collapse_at={(lr, 4) for lr in (0.05, 0.02, 0.01)})
+    assert design.main(["plan", str(tmp_path), "--target", "6"]) == 1
+    captured = capsys.readouterr()
+    assert "dataset.n_train=" not in captured.out and "seed=choice" not in captured.out
+    assert "the lr rule chose no lr" in captured.err
+
+
+def test_a_fixed_arm_refuses_capped_runs_that_set_a_recipe_key_its_own_runs_lack(tmp_path):
+    """Review 2026-11-29 (analysis): ``with_capped`` compared the recipe keys of the fixed arm's config only, so a key
+    the other arm's runs set and the fixed arm's configs do not hold at all (momentum 0.9 there, no such key here:
+    runs of another code version, or another optimizer group) let its runs join the fixed arm's curves unnoticed,
+    and the test, whose config columns are the fixed arm's, never compared it either."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    for s in range(2):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, 8192)
+            summary = {"status": "completed", "stop_reason": "max_epochs", "epochs": 300, "train_error": train,
+                       "test_error": test}
+            write_run(conv, s * 100 + w, {**cfg, "optimizer": {"lr": 0.05, "momentum": 0.9},
+                                          "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if w >= 8:
+                write_run(fixed, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}}, summary)
+    main = load_runs(fixed, optuna_state=False)
+    with pytest.raises(ValueError, match=r"optimizer\.momentum = \['0\.9'\] there, '\(not set\)' here"):
+        design.with_capped(main, load_runs(conv, optuna_state=False))
+    with pytest.raises(ValueError, match=r"optimizer\.momentum = \['\(not set\)'\] there, 0\.9 here"):  # and back
+        design.with_capped(main.assign(**{"optimizer.momentum": 0.9}).pipe(_with_config_column, "optimizer.momentum"),
+                           load_runs(conv, optuna_state=False).drop(columns="optimizer.momentum"))
+
+
+def _with_config_column(df: pd.DataFrame, key: str) -> pd.DataFrame:
+    df.attrs["config_columns"] = [*df.attrs["config_columns"], key]
+    return df

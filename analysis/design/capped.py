@@ -115,6 +115,9 @@ def _ran_to(df: pd.DataFrame, budget) -> pd.Series:
     return ok
 
 
+NOT_SET = "(not set)"  # a config key a run's config does not hold
+
+
 def _recipe_differences(main: pd.DataFrame, same: pd.DataFrame, taken: pd.DataFrame, width: str, curves: list[str]
                         ) -> dict[str, tuple[list[str], object]]:
     """Recipe keys where the other arm's runs differ from the fixed arm's (``main``): key -> (their values, ours).
@@ -122,7 +125,9 @@ def _recipe_differences(main: pd.DataFrame, same: pd.DataFrame, taken: pd.DataFr
     A key ``main`` holds at one value must have it in every run ``taken``, unless the other arm's runs of the same
     curves (``same``) tie it to the width (one value per width, several in all: a width's preset, as the ViT's
     mlp_dim = 2 x dim); such a key, and any ``main`` holds at one value per width, must agree at each width both arms
-    hold. The ``curves`` keys (weight decay, noise: one curve per value) are not compared."""
+    hold. The ``curves`` keys (weight decay, noise: one curve per value) are not compared. A key one arm's configs
+    lack altogether differs where the other sets it (not null) in the runs taken (``NOT_SET`` on the side without).
+    """
     def norm(s: pd.Series) -> pd.Series:
         return s.map(_norm)
 
@@ -132,8 +137,18 @@ def _recipe_differences(main: pd.DataFrame, same: pd.DataFrame, taken: pd.DataFr
         return bool((norm(df[k]).groupby(w).nunique(dropna=False) <= 1).all())
 
     out = {}
-    for k in recipe_keys(main, {*STOP_RULE_KEYS, width, SEED, *curves}):
-        if k not in same:
+    free = {*STOP_RULE_KEYS, width, SEED, *curves}
+    for k in recipe_keys(same, free):  # a key the other arm sets and the fixed arm's configs lack altogether (review
+        # 2026-11-29, analysis: it was never compared, here nor in the test, whose config columns are main's)
+        if k not in main:
+            theirs = sorted({str(v) for v in norm(taken[k])} - {"nan"})
+            if theirs:
+                out[k] = (theirs, NOT_SET)
+    for k in recipe_keys(main, free):
+        if k not in same:  # and one the fixed arm sets that the other arm's configs lack
+            if len(taken) and main[k].notna().any():
+                here = main[k].dropna().iloc[0]
+                out[k] = ([NOT_SET], here.item() if isinstance(here, np.generic) else here)
             continue
         ours = norm(main[k])
         tied = same[k].notna().any() and norm(same[k]).nunique() > 1 and per_width(same, w_same, k)

@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--seeds={a.seeds!r}: give seed counts as integers separated by commas, e.g. 2,3,4,6,8")
         p = plan(a.paths, a.tol, counts, a.effect, a.center)
         if a.target is not None:
+            if p["lr"] is None and len(p["lr_table"]):  # the pilot tried several lrs and the rule chose none: the
+                # thresholds are every lr's, and overrides without an lr would train at the config's (review
+                # 2026-11-29, analysis)
+                print("the lr rule chose no lr (every lr the pilot tried collapsed or stalled at its threshold "
+                      "widths): no main run follows from this pilot; pilot a lower lr or a stable recipe",
+                      file=sys.stderr)
+                return 1
             m = choose_main(p, a.target)
             if not m:
                 print("no pilot size leaves two underfitting widths below its threshold", file=sys.stderr)

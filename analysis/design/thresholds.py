@@ -17,11 +17,22 @@ def _flagged(df: pd.DataFrame) -> pd.Series:
     return out
 
 
+def seed_means(c: pd.DataFrame, width: str, col: str = "train_error") -> pd.Series:
+    """Per width, the mean of ``col`` over its seeds, each seed's runs averaged first (a run without a seed counts
+    as a seed of its own): a seed rerun at a width counts once, as ``spread`` counts it (review 2026-11-29,
+    analysis: a rerun seed weighed twice in a pilot's threshold)."""
+    if SEED not in c.columns:
+        return c.groupby(width)[col].mean().sort_index()
+    seed = c[SEED].astype(object).where(c[SEED].notna(), pd.Series([("run", i) for i in c.index], index=c.index))
+    per_seed = c.groupby([c[width], seed.rename("_seed")])[col].mean()
+    return per_seed.groupby(level=0).mean().sort_index()
+
+
 def threshold(c: pd.DataFrame, width: str, tol: float, flagged: bool = False) -> float:
-    """Smallest width whose mean final train error over its unflagged runs (``flagged``: over all its runs) is at
-    most ``tol`` (NaN if none)."""
+    """Smallest width whose mean final train error over the seeds of its unflagged runs (``flagged``: of all its
+    runs; :func:`seed_means`) is at most ``tol`` (NaN if none)."""
     ok = c if flagged else c[~_flagged(c)]
-    means = ok.groupby(width)["train_error"].mean().sort_index()
+    means = seed_means(ok, width)
     fits = means[means <= tol]
     return float(fits.index[0]) if len(fits) else np.nan
 
@@ -36,7 +47,7 @@ def thresholds(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) ->
     for key, c in df.groupby(keys, dropna=False, sort=True):
         t = threshold(c, width, tol)
         grid = sorted(c[width].unique())
-        means = c[~_flagged(c)].groupby(width)["train_error"].mean()
+        means = seed_means(c[~_flagged(c)], width)
         below = [w for w in grid if np.isfinite(t) and w < t and means.get(w, 0.0) > tol]
         rows.append({**dict(zip(keys, np.atleast_1d(key), strict=True)), "threshold": t,
                      "underfit_below": len(below), "grid": ",".join(f"{w:g}" for w in grid),
@@ -45,8 +56,8 @@ def thresholds(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) ->
 
 
 def critical(c: pd.DataFrame, width: str, tol: float, flagged: bool = False) -> float:
-    """The widest grid width below the threshold whose mean train error (unflagged runs) is above ``tol``: the
-    width that just fails to fit its labels (NaN without a threshold or with nothing below it)."""
+    """The widest grid width below the threshold whose mean train error (over seeds, unflagged runs) is above
+    ``tol``: the width that just fails to fit its labels (NaN without a threshold or with nothing below it)."""
     t = threshold(c, width, tol, flagged)
     below = [w for w in sorted(c[width].unique()) if np.isfinite(t) and w < t]
     return float(below[-1]) if below else np.nan
