@@ -95,6 +95,17 @@ def require_one_recipe(df: pd.DataFrame, keys: list[str], who: str, by: list[str
                          f"groupby: by={[*(keys if by is None else by), *differ]!r}) or read one study's folders")
 
 
+def warn_mixed_recipes(df: pd.DataFrame, keys: list[str], who: str, seed_col: str = "seed") -> None:
+    """Warn where runs of one group of ``keys`` differ in a recipe key (:func:`require_one_recipe`'s check): for a
+    table that pools them as asked, and says so, where a curve or a fit refuses."""
+    differ = _recipe_differences(df, keys, exclude=(seed_col,))
+    if differ:
+        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        warnings.warn(f"{who}: rows of ({', '.join(keys)}) average runs that differ in {named}: their mean and std are "
+                      f"over two recipes, not one setting's seeds; add {', '.join(differ)} to by to keep them apart",
+                      stacklevel=3)
+
+
 def _recipe_differences(df: pd.DataFrame, cols: list[str], exclude: Iterable[str] = ()) -> dict[str, list[str]]:
     """Config keys (runtime keys and ``exclude`` aside) whose value differs within a group of ``cols`` -> the values
     seen."""

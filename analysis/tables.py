@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.frames import completed_only, one_run_per_seed, require_columns
+from analysis.frames import completed_only, one_run_per_seed, require_columns, warn_mixed_recipes
 
 # metric column -> (header, kind); kind picks the formatting
 METRICS = {
@@ -44,7 +44,8 @@ def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | No
     (runs repeating a seed of one setting are averaged first and count once), ``<metric>_count`` for a metric that
     some seeds lack (its mean and std are over that many), and per flag in ``FLAGS`` that the
     runs carry, ``n_<flag>``: how many of those seeds' runs have it (stalled runs, and runs that ended inside a loss
-    spike, are results and are in the means)."""
+    spike, are results and are in the means). Rows that average runs differing in a recipe key not in ``by`` (weight
+    decay 0 on seeds 0-2, 0.01 on seeds 3-5) are kept, with a warning naming the key (review 2026-11-29)."""
     by = [by] if isinstance(by, str) else list(by)
     df = with_accuracies(df)
     metrics = metrics or [m for m in METRICS if m in df.columns]
@@ -52,6 +53,7 @@ def summary_table(df: pd.DataFrame, by: list[str] | str, metrics: list[str] | No
     df = completed_only(df, "summary_table", status)
     flags = [f for f in FLAGS if f in df.columns]
     df = df.assign(**{f: df[f].astype(float) for f in flags})  # a repeated seed's flags average like its metrics
+    warn_mixed_recipes(df, by, "summary_table")
     df = one_run_per_seed(df, by, [*metrics, *flags], "summary_table")
     g = df.groupby(by, dropna=False, sort=True) if by else df.assign(_all="all runs").groupby("_all")
     out = g[metrics].agg(["mean", "std"])

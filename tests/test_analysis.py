@@ -1306,3 +1306,24 @@ def test_the_peak_window_of_a_curve_without_its_stalled_runs_starts_at_the_full_
     assert descent_summary(kept).iloc[0]["peak_width"] == 2  # read on what is left: the under-fitting bump
     summ = descent_summary(kept, widths=curves["model.width"].unique()).iloc[0]
     assert summ["window_lo"] == 4 and np.isnan(summ["peak_width"])
+
+
+def test_summary_table_warns_when_a_row_pools_two_recipes_whose_seeds_do_not_overlap(tmp_path):
+    """Review 2026-11-29 (analysis): one_run_per_seed finds two recipes only among repeats of one seed, so a table by
+    model.dim alone over lr 0.001 on seed 0 and 0.002 on seed 1 gave one row of 2 seeds, silently (descent_curves
+    refuses the same frame). The table still pools, as asked, and says which key it averages over."""
+    import yaml
+
+    root = double_descent_sweep(tmp_path / "sweep", seeds=2)
+    for cfg_file in root.glob("*/.hydra/config.yaml"):
+        cfg = yaml.safe_load(cfg_file.read_text())
+        if cfg["seed"] == 1:
+            cfg["optimizer"]["lr"] = 0.002
+            cfg_file.write_text(yaml.safe_dump(cfg))
+    runs = load_runs(root)
+    with pytest.warns(UserWarning, match=r"(?s)summary_table: rows of .*model.dim.*optimizer.lr"):
+        table = summary_table(runs, ["model.dim", "label_noise.p"])
+    assert (table["n_seeds"] == 2).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary_table(runs, ["model.dim", "label_noise.p", "optimizer.lr"])  # kept apart: nothing to say
