@@ -46,8 +46,9 @@ def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who:
     two folders, a rerun beside the first run) never counts as an extra seed; warns when it averages.
 
     Runs that differ in a recipe key (a config key not in ``keys``, runtime keys aside: another dropout, weight
-    decay, data file or stop limit) are not repeats of one seed but two settings: raises, naming the key, since
-    averaged they would read as one seed of a smaller spread (``analysis.design.spread``'s power with it)."""
+    decay or stop limit; not the data file's path, one of ``NOT_RECIPE``) are not repeats of one seed but two
+    settings: raises, naming the key, since averaged they would read as one seed of a smaller spread
+    (``analysis.design.spread``'s power with it)."""
     if seed_col not in df.columns or df[seed_col].isna().all():
         return df
     cols = [*keys, seed_col]
