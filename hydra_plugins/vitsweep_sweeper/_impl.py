@@ -219,6 +219,26 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             missing = [c for c in dist.choices if str(c) not in table]
             if missing:
                 raise ValueError(f"hydra.sweeper.presets.{key}: no overrides for choices {missing}")
+        self._check_presets_leave_sampled_keys(fixed)
+
+    def _check_presets_leave_sampled_keys(self, fixed: dict[str, Any]) -> None:
+        """A preset choice that sets a key the study samples trained whichever of the two overrides came last in the
+        job's command line (by the order of hydra.sweeper.params, or always the preset's for a fixed preset key),
+        while Optuna recorded the sampled value (review 2026-11-29): refused, naming both keys."""
+        sampled = {search_spaces.bare(k) for k in self.space}
+        for key, table in (self.presets or {}).items():
+            choices = [str(fixed[key])] if key in fixed else list(table)
+            for choice in choices:
+                if choice == "None" or choice not in table:  # a bare `~key`, or refused above
+                    continue
+                for override in table[choice]:
+                    target = search_spaces.bare(str(override).split("=", 1)[0])
+                    if target != key and target in sampled:
+                        raise ValueError(
+                            f"hydra.sweeper.presets.{key}.{choice} sets {target}, which hydra.sweeper.params samples: "
+                            f"Optuna would record the sampled {target} for runs that trained the preset's (or the "
+                            f"other way round, by the order of the keys). Drop {target} from the preset or from "
+                            "hydra.sweeper.params")
 
     def _check_pruner(self, study_id: int) -> None:
         """A study resumes with the pruner it was started with: another would stop some points by another rule than
