@@ -34,3 +34,32 @@ def test_a_preset_that_sets_only_unsampled_keys_still_runs(tmp_path):
     # a: y = 2, b: y = 1; the value is x^2 + y^2
     assert sorted((t.params["kind"], t.params["x"], t.value) for t in done) == [
         ("a", 0, 4.0), ("a", 1, 5.0), ("b", 0, 1.0), ("b", 1, 2.0)]
+
+
+def test_a_grid_trial_stopped_while_its_params_were_written_is_retried_with_its_whole_point():
+    """Review 2026-11-29: a trial's parameters are written one by one under the claim lock (a batch of 72 trials takes
+    seconds); a worker killed between two of them left a trial with part of its grid point, and its retry was enqueued
+    with that part only (the trial's params won over the point it was enqueued with). The retry then failed every
+    claim (Optuna's GridSampler: "All parameters must be specified"), in every rerun of the command, and the budget
+    counted the point as not taken. The retry carries the whole point."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper import _liveness as liveness
+    from hydra_plugins.vitsweep_sweeper import _study as studies
+    from hydra_plugins.vitsweep_sweeper._impl import ClaimedGridSampler
+
+    grid = {"x": [0, 1], "y": [0, 1]}
+    study = optuna.create_study(sampler=ClaimedGridSampler(grid))
+    study.enqueue_trial({"x": 1, "y": 0})
+    trial = study.ask()
+    trial.suggest_categorical("x", grid["x"])  # the worker is killed here, before y is written
+    frozen = studies.study_storage(study).get_trial(studies.trial_id(trial))
+    liveness.fail_and_retry(study, frozen, "worker gone", max_retries=1)
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))
+    assert studies.params_of(retry) == {"x": 1, "y": 0}
+    claimed = study.ask()
+    for name, values in grid.items():
+        claimed.suggest_categorical(name, values)
+    assert claimed.params == {"x": 1, "y": 0}
+    taken = {studies.point_key(studies.params_of(t), grid) for t in studies.budget_trials(study.get_trials())}
+    assert taken == {studies.point_key({"x": 1, "y": 0}, grid)}
