@@ -63,3 +63,16 @@ def test_a_grid_trial_stopped_while_its_params_were_written_is_retried_with_its_
     assert claimed.params == {"x": 1, "y": 0}
     taken = {studies.point_key(studies.params_of(t), grid) for t in studies.budget_trials(study.get_trials())}
     assert taken == {studies.point_key({"x": 1, "y": 0}, grid)}
+
+
+def test_a_legacy_int_parameter_is_sampled_as_an_int_as_hydra_optuna_sweeper_did():
+    """Review 2026-11-29: the deprecated `search_space` node's `type: int` without a step became `interval(lo,hi)`,
+    which Hydra's grammar reads as floats (`interval` casts both ends), so an int key was sampled as 5.37: the job got
+    `key=5.37` and Optuna recorded it, where hydra-optuna-sweeper drew ints (IntUniformDistribution, log or not)."""
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.vitsweep_sweeper._search_space import from_legacy, parse
+
+    space, _ = parse(from_legacy({"depth": {"type": "int", "low": 2, "high": 8},
+                                  "width": {"type": "int", "low": 16, "high": 256, "log": True}}), [])
+    assert space == {"depth": IntDistribution(2, 8), "width": IntDistribution(16, 256, log=True)}
