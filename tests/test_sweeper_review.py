@@ -76,3 +76,15 @@ def test_a_legacy_int_parameter_is_sampled_as_an_int_as_hydra_optuna_sweeper_did
     space, _ = parse(from_legacy({"depth": {"type": "int", "low": 2, "high": 8},
                                   "width": {"type": "int", "low": 16, "high": 256, "log": True}}), [])
     assert space == {"depth": IntDistribution(2, 8), "width": IntDistribution(16, 256, log=True)}
+
+
+@pytest.mark.parametrize("given", ["+scale=cpu", "++scale=cpu"])
+def test_a_scale_given_with_hydras_append_prefix_picks_that_scale(given):
+    """Review 2026-11-29: `python -m src.sweep heads_depth +scale=cpu` (the form Hydra's own error steers to for a key
+    the config lacks) was not read as the scale: the study ran at its default `paper` size, with a meaningless
+    `scale: cpu` key in every run's config that said otherwise. The prefixed forms pick the scale as `scale=cpu`."""
+    from src.sweep import command
+
+    assert command("heads_depth", [given]) == command("heads_depth", ["scale=cpu"])
+    with pytest.raises(SystemExit, match="patch_size has no scale 'cpu'"):
+        command("patch_size", [given])
