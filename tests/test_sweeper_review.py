@@ -88,3 +88,26 @@ def test_a_scale_given_with_hydras_append_prefix_picks_that_scale(given):
     assert command("heads_depth", [given]) == command("heads_depth", ["scale=cpu"])
     with pytest.raises(SystemExit, match="patch_size has no scale 'cpu'"):
         command("patch_size", [given])
+
+
+def _presets_checked(params: dict, presets: dict, arguments: tuple = ()) -> None:
+    """The sweeper's preset checks on a search space, without a Hydra app."""
+    from hydra_plugins.vitsweep_sweeper._impl import SweeperImpl
+    from hydra_plugins.vitsweep_sweeper._search_space import parse
+
+    impl = SweeperImpl.__new__(SweeperImpl)
+    impl.space, impl.fixed = parse(params, list(arguments), grid=True)
+    impl.presets = presets
+    impl._check_presets()
+
+
+def test_a_preset_that_sets_its_own_key_to_another_value_than_its_choice_is_refused():
+    """Review 2026-11-29: a preset choice replaces its key's override with its own (double_descent_vit's `model.dim`
+    presets set model.dim and model.mlp_dim), so a choice "16" that set model.dim=12 trained dim 12 recorded as 16.
+    Refused; the same value in another spelling (1e-2 for 0.01) and every committed sweep file pass."""
+    table = {"8": ["model.dim=8", "model.mlp_dim=16"], "16": ["model.dim=12", "model.mlp_dim=32"]}
+    with pytest.raises(ValueError, match=r"hydra.sweeper.presets.model.dim.16 sets model.dim=12, not the choice 16"):
+        _presets_checked({"model.dim": "choice(8, 16)"}, {"model.dim": table})
+    _presets_checked({"model.dim": "choice(8, 16)"}, {"model.dim": {"8": ["model.dim=8"], "16": ["+model.dim=16"]}})
+    _presets_checked({"optimizer.lr": "choice(0.01, 0.1)"},
+                     {"optimizer.lr": {"0.01": ["optimizer.lr=1e-2"], "0.1": ["optimizer.lr=0.1", "seed=1"]}})
