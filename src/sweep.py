@@ -39,8 +39,10 @@ def scales(name: str) -> list[str]:
 def scale_override(name: str, overrides: list[str]) -> list[str]:
     """Replace ``scale=S`` by ``+sweeps/scales/NAME=S`` (``paper`` when the study has scales and none is
     given); an unknown scale stops here, listing the study's scales."""
-    given = [o for o in overrides if o.startswith("scale=")]
-    rest = [o for o in overrides if not o.startswith("scale=")]
+    # `+scale=S` and `++scale=S` (Hydra's hint for a key the config lacks) mean the scale too: passed on, they ran the
+    # default scale with a `scale` key in every run's config that named another (review 2026-11-29)
+    given = [o.lstrip("+") for o in overrides if o.lstrip("+").startswith("scale=")]
+    rest = [o for o in overrides if not o.lstrip("+").startswith("scale=")]
     known = scales(name)
     if len(given) > 1:
         raise SystemExit(f"src.sweep: scale given {len(given)} times ({', '.join(given)}); give one")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_method
@@ -219,6 +220,49 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
             missing = [c for c in dist.choices if str(c) not in table]
             if missing:
                 raise ValueError(f"hydra.sweeper.presets.{key}: no overrides for choices {missing}")
+        self._check_presets_leave_sampled_keys(fixed)
+
+    def _check_presets_leave_sampled_keys(self, fixed: dict[str, Any]) -> None:
+        """A preset choice that sets a key the study samples trained whichever of the two overrides came last in the
+        job's command line (by the order of hydra.sweeper.params, or always the preset's for a fixed preset key),
+        while Optuna recorded the sampled value; one that sets its own key replaces the sampled override, so it must
+        set the choice's value (review 2026-11-29): refused otherwise, naming the keys."""
+        sampled = {search_spaces.bare(k) for k in self.space}
+        parser = OverridesParser.create()
+        for key, table in (self.presets or {}).items():
+            choices = [str(fixed[key])] if key in fixed else list(table)
+            for choice in choices:
+                if choice == "None" or choice not in table:  # a bare `~key`, or refused above
+                    continue
+                for override in table[choice]:
+                    target = search_spaces.bare(str(override).split("=", 1)[0])
+                    if target == key and "=" in str(override):
+                        (parsed,) = parser.parse_overrides([str(override)])
+                        value = parsed.value()
+                        if str(value) != choice and value != self._choice_value(key, choice):
+                            raise ValueError(
+                                f"hydra.sweeper.presets.{key}.{choice} sets {override}, not the choice {choice}: "
+                                f"Optuna would record {key}={choice} for runs that trained {parsed.value()}. Set "
+                                f"{key}={choice} in the preset, or leave {key} out of it")
+                    if target != key and target in sampled:
+                        raise ValueError(
+                            f"hydra.sweeper.presets.{key}.{choice} sets {target}, which hydra.sweeper.params samples: "
+                            f"Optuna would record the sampled {target} for runs that trained the preset's (or the "
+                            f"other way round, by the order of the keys). Drop {target} from the preset or from "
+                            "hydra.sweeper.params")
+
+    def _choice_value(self, key: str, choice: str) -> Any:
+        """The sampled (or fixed) value of preset ``key`` whose table entry is named ``choice``."""
+        dist = self.space.get(key)
+        if isinstance(dist, CategoricalDistribution):
+            for c in dist.choices:
+                if str(c) == choice:
+                    return c
+        try:  # a fixed choice, as written on the command line: the value Hydra reads from it
+            (parsed,) = OverridesParser.create().parse_overrides([f"{key}={choice}"])
+            return parsed.value()
+        except Exception:  # noqa: BLE001 - not a value Hydra parses: compared as written
+            return choice
 
     def _check_pruner(self, study_id: int) -> None:
         """A study resumes with the pruner it was started with: another would stop some points by another rule than

@@ -7,7 +7,8 @@ The meanings are hydra-optuna-sweeper's (HOS 1.2/1.3):
   Hydra's own range gives, stop *excluded* (HOS lists `(high - low) // step` values for a grid);
 - `shuffle(range(...))` -> categorical over Hydra's range values (stop excluded), as HOS; a sampler has no
   order to shuffle, so the choices are kept in one sorted order (every worker and resume agrees on it);
-- `interval(lo, hi)` -> float, or int when both ends are ints; `tag(log, interval(...))` -> log scale.
+- `interval(lo, hi)` -> float (Hydra casts both ends to float), `int(interval(lo, hi))` -> int; `tag(log, ...)`
+  -> log scale.
 Anything else is a fixed value passed to every trial.
 """
 
@@ -132,12 +133,15 @@ def from_legacy(search_space: Mapping[str, Any]) -> dict[str, str]:
                 lo, hi = int(lo), int(hi)
             else:
                 lo, hi = float(lo), float(hi)
+            # Hydra's `interval` casts its ends to float: an int parameter is `int(interval(...))` (review 2026-11-29:
+            # `type: int` was sampled as floats, where hydra-optuna-sweeper drew ints)
+            bounds = f"int(interval({lo},{hi}))" if kind == "int" else f"interval({lo},{hi})"
             if spec.get("step") is not None:
                 params[key] = f"range({lo},{hi},{spec['step']})"
             elif spec.get("log"):
-                params[key] = f"tag(log,interval({lo},{hi}))"
+                params[key] = f"tag(log,{bounds})"
             else:
-                params[key] = f"interval({lo},{hi})"
+                params[key] = bounds
         else:
             raise SearchSpaceError(f"hydra.sweeper.search_space.{key}.type: unknown type {kind!r}")
     return params

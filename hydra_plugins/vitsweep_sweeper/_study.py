@@ -135,8 +135,10 @@ def budget_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 
 
 def params_of(t: FrozenTrial) -> dict[str, Any]:
-    """A trial's parameters; a WAITING (enqueued) one has them as `fixed_params` only."""
-    return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+    """A trial's parameters; a WAITING (enqueued) one has them as `fixed_params` only, and one whose worker was killed
+    while it wrote them (one by one) has part of them, the rest in `fixed_params` (review 2026-11-29: its retry
+    carried the part, and failed every claim of a grid)."""
+    return {**(t.system_attrs.get("fixed_params") or {}), **t.params}
 
 
 def grid_points(grid: dict[str, list[Any]], seed: int | None) -> list[dict[str, Any]]:

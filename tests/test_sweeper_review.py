@@ -1,0 +1,113 @@
+"""Review 2026-11-29 of the sweeper and launcher plugins: results recorded against the wrong parameters."""
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.helpers import load, sweep
+
+
+@pytest.mark.parametrize("order", [["y=choice(0,3)", "kind=choice(a,b)"], ["kind=choice(a,b)", "y=choice(0,3)"]])
+def test_a_preset_that_sets_a_sampled_key_is_refused_before_any_trial(tmp_path, order):
+    """Review 2026-11-29: a preset choice that set a key the study also samples (preset a sets y, and y is swept)
+    trained whichever override came last in the job's command line, by the order of hydra.sweeper.params: with y
+    listed before kind, every kind=a run trained y = 2 while Optuna recorded y = 0 or 3, so best_params and any
+    grouping by the trial's params named a y that was never trained. Refused before any trial, naming both keys."""
+    proc = sweep(tmp_path, *order, "x=choice(0)", "hydra/sweeper/sampler=grid", "hydra/sweeper=app_presets",
+                 check=False)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert "hydra.sweeper.presets.kind.a sets y, which hydra.sweeper.params samples" in proc.stderr, proc.stderr[-2000:]
+    assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]  # no trial ran
+
+
+def test_a_fixed_preset_that_sets_a_sampled_key_is_refused_before_any_trial(tmp_path):
+    """As above for a preset key fixed on the command line (+kind=a): its overrides come after the sampled ones, so
+    every run trained preset a's y = 2 while Optuna recorded the sampled y."""
+    proc = sweep(tmp_path, "kind=choice(a,b)", "+kind=a", "y=choice(0,3)", "x=choice(0)",
+                 "hydra/sweeper/sampler=grid", "hydra/sweeper=app_presets", check=False)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert "hydra.sweeper.presets.kind.a sets y, which hydra.sweeper.params samples" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_preset_that_sets_only_unsampled_keys_still_runs(tmp_path):
+    sweep(tmp_path, "kind=choice(a,b)", "x=choice(0,1)", "hydra/sweeper/sampler=grid", "hydra/sweeper=app_presets")
+    done = load(tmp_path).get_trials(states=(TrialState.COMPLETE,))
+    # a: y = 2, b: y = 1; the value is x^2 + y^2
+    assert sorted((t.params["kind"], t.params["x"], t.value) for t in done) == [
+        ("a", 0, 4.0), ("a", 1, 5.0), ("b", 0, 1.0), ("b", 1, 2.0)]
+
+
+def test_a_grid_trial_stopped_while_its_params_were_written_is_retried_with_its_whole_point():
+    """Review 2026-11-29: a trial's parameters are written one by one under the claim lock (a batch of 72 trials takes
+    seconds); a worker killed between two of them left a trial with part of its grid point, and its retry was enqueued
+    with that part only (the trial's params won over the point it was enqueued with). The retry then failed every
+    claim (Optuna's GridSampler: "All parameters must be specified"), in every rerun of the command, and the budget
+    counted the point as not taken. The retry carries the whole point."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper import _liveness as liveness
+    from hydra_plugins.vitsweep_sweeper import _study as studies
+    from hydra_plugins.vitsweep_sweeper._impl import ClaimedGridSampler
+
+    grid = {"x": [0, 1], "y": [0, 1]}
+    study = optuna.create_study(sampler=ClaimedGridSampler(grid))
+    study.enqueue_trial({"x": 1, "y": 0})
+    trial = study.ask()
+    trial.suggest_categorical("x", grid["x"])  # the worker is killed here, before y is written
+    frozen = studies.study_storage(study).get_trial(studies.trial_id(trial))
+    liveness.fail_and_retry(study, frozen, "worker gone", max_retries=1)
+    (retry,) = study.get_trials(states=(TrialState.WAITING,))
+    assert studies.params_of(retry) == {"x": 1, "y": 0}
+    claimed = study.ask()
+    for name, values in grid.items():
+        claimed.suggest_categorical(name, values)
+    assert claimed.params == {"x": 1, "y": 0}
+    taken = {studies.point_key(studies.params_of(t), grid) for t in studies.budget_trials(study.get_trials())}
+    assert taken == {studies.point_key({"x": 1, "y": 0}, grid)}
+
+
+def test_a_legacy_int_parameter_is_sampled_as_an_int_as_hydra_optuna_sweeper_did():
+    """Review 2026-11-29: the deprecated `search_space` node's `type: int` without a step became `interval(lo,hi)`,
+    which Hydra's grammar reads as floats (`interval` casts both ends), so an int key was sampled as 5.37: the job got
+    `key=5.37` and Optuna recorded it, where hydra-optuna-sweeper drew ints (IntUniformDistribution, log or not)."""
+    from optuna.distributions import IntDistribution
+
+    from hydra_plugins.vitsweep_sweeper._search_space import from_legacy, parse
+
+    space, _ = parse(from_legacy({"depth": {"type": "int", "low": 2, "high": 8},
+                                  "width": {"type": "int", "low": 16, "high": 256, "log": True}}), [])
+    assert space == {"depth": IntDistribution(2, 8), "width": IntDistribution(16, 256, log=True)}
+
+
+@pytest.mark.parametrize("given", ["+scale=cpu", "++scale=cpu"])
+def test_a_scale_given_with_hydras_append_prefix_picks_that_scale(given):
+    """Review 2026-11-29: `python -m src.sweep heads_depth +scale=cpu` (the form Hydra's own error steers to for a key
+    the config lacks) was not read as the scale: the study ran at its default `paper` size, with a meaningless
+    `scale: cpu` key in every run's config that said otherwise. The prefixed forms pick the scale as `scale=cpu`."""
+    from src.sweep import command
+
+    assert command("heads_depth", [given]) == command("heads_depth", ["scale=cpu"])
+    with pytest.raises(SystemExit, match="patch_size has no scale 'cpu'"):
+        command("patch_size", [given])
+
+
+def _presets_checked(params: dict, presets: dict, arguments: tuple = ()) -> None:
+    """The sweeper's preset checks on a search space, without a Hydra app."""
+    from hydra_plugins.vitsweep_sweeper._impl import SweeperImpl
+    from hydra_plugins.vitsweep_sweeper._search_space import parse
+
+    impl = SweeperImpl.__new__(SweeperImpl)
+    impl.space, impl.fixed = parse(params, list(arguments), grid=True)
+    impl.presets = presets
+    impl._check_presets()
+
+
+def test_a_preset_that_sets_its_own_key_to_another_value_than_its_choice_is_refused():
+    """Review 2026-11-29: a preset choice replaces its key's override with its own (double_descent_vit's `model.dim`
+    presets set model.dim and model.mlp_dim), so a choice "16" that set model.dim=12 trained dim 12 recorded as 16.
+    Refused; the same value in another spelling (1e-2 for 0.01) and every committed sweep file pass."""
+    table = {"8": ["model.dim=8", "model.mlp_dim=16"], "16": ["model.dim=12", "model.mlp_dim=32"]}
+    with pytest.raises(ValueError, match=r"hydra.sweeper.presets.model.dim.16 sets model.dim=12, not the choice 16"):
+        _presets_checked({"model.dim": "choice(8, 16)"}, {"model.dim": table})
+    _presets_checked({"model.dim": "choice(8, 16)"}, {"model.dim": {"8": ["model.dim=8"], "16": ["+model.dim=16"]}})
+    _presets_checked({"optimizer.lr": "choice(0.01, 0.1)"},
+                     {"optimizer.lr": {"0.01": ["optimizer.lr=1e-2"], "0.1": ["optimizer.lr=0.1", "seed=1"]}})
