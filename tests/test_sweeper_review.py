@@ -111,3 +111,18 @@ def test_a_preset_that_sets_its_own_key_to_another_value_than_its_choice_is_refu
     _presets_checked({"model.dim": "choice(8, 16)"}, {"model.dim": {"8": ["model.dim=8"], "16": ["+model.dim=16"]}})
     _presets_checked({"optimizer.lr": "choice(0.01, 0.1)"},
                      {"optimizer.lr": {"0.01": ["optimizer.lr=1e-2"], "0.1": ["optimizer.lr=0.1", "seed=1"]}})
+
+
+def test_a_sampled_objective_is_refused_before_any_trial(tmp_path):
+    """Review 2026-11-29: the study's direction follows the objective named in the job config the sweep composes
+    first (here `auto`: an error, minimised); a sampled trainer.objective made half the trials return an accuracy to
+    a minimising study, whose best trial was then the least accurate one. Refused before any trial."""
+    from tests.conftest import ROOT, TINY
+    from tests.helpers import run
+
+    proc = run(["-m", "src.train", "-m", *TINY, "trainer.objective=choice(test_acc,test_error)",
+                "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", f"hydra.sweep.dir={tmp_path}"],
+               cwd=ROOT, check=False)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "trainer.objective is sampled" in proc.stderr, proc.stderr[-2000:]
+    assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]  # no trial ran

@@ -173,7 +173,18 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         """`hydra.sweeper.direction`, by default the direction the app declared for its objective
         (`protocol.declare_app`; vitsweep's trainer: accuracies, AUCs and the binary scores maximise, errors and losses
         minimise), else minimize as in hydra-optuna-sweeper. An explicit direction that contradicts the declared one
-        is an error."""
+        is an error, and so is an objective key the study samples or a preset sets: the direction is read once, from
+        the job config composed first, so half the trials would return an accuracy to a minimising study (whose best
+        trial is then the least accurate one: review 2026-11-29)."""
+        key = protocol.objective_key()
+        where = ["hydra.sweeper.params"] if key in {search_spaces.bare(k) for k in self.space} else []
+        where += [f"hydra.sweeper.presets.{preset}.{choice}" for preset, table in (self.presets or {}).items()
+                  for choice, lines in table.items()
+                  if any(search_spaces.bare(str(line).split("=", 1)[0]) == key for line in lines or [])]
+        if key is not None and where:
+            raise ValueError(f"{key} is sampled ({', '.join(where)} sets it): one study has one direction, read "
+                             f"from the first job's {key}, and its trials' values must be one metric to be compared; "
+                             f"fix {key} on the command line, one study for each")
         declared = protocol.implied_direction(self.job_config)
         key, objective, implied = declared or (None, None, None)
         if self.direction is None:

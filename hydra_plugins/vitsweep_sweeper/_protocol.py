@@ -203,6 +203,11 @@ def declare_app(objective: str | None = None, direction: Callable[[str], str] | 
     _APP.update(objective=objective, direction=direction, runtime_keys=("hydra", *runtime_keys), stacker=stacker)
 
 
+def objective_key() -> str | None:
+    """The config key that names what the task returns, as the app declared it (None: not declared)."""
+    return _APP["objective"]
+
+
 def implied_direction(job_config: Any) -> tuple[str, str, str] | None:
     """``(objective key, its value, direction)`` as the app declared them for this job config, or None (no
     declaration, or the key is not in the config)."""
