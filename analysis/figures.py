@@ -263,9 +263,12 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
         header, kind = METRICS.get(m, (m, "num"))
         scale = 100.0 if kind == "pct" else 1.0
         unit_header = "wall time (s), training + evaluation" if kind == "time" else header
-        ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * table[f"{m}_std"].fillna(0), capsize=4, color=colors)
+        # a group with one seed has no std: no error bar (a zero-length one, caps at the mean, read as no spread)
+        std = table[f"{m}_std"]
+        ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * std, capsize=4, color=colors)
         ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds")
+        lone = "\n(no bar: one seed)" if std.isna().any() else ""
+        ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds{lone}")
         if kind == "pct":
             lo = np.nanmin(scale * (table[f"{m}_mean"] - table[f"{m}_std"].fillna(0)))
             ax.set_ylim(max(0.0, lo - 0.1 * (100 - lo)), 100)

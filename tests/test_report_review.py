@@ -27,3 +27,27 @@ def test_results_bar_figure_of_a_small_grid_has_no_cut_note(tmp_path):
     rep = Report(tmp_path)
     _results(rep, _grid(3), ["model.width"])
     assert "The figure below shows the first" not in "\n".join(rep.lines)
+
+
+def test_results_bars_draw_no_error_bar_for_a_one_seed_group(tmp_path, monkeypatch):
+    """A group with one seed has no std (the table leaves it off); the bar figure drew a zero-length error bar
+    with caps at its mean, a spread of exactly 0 beside the other groups' real ones."""
+    import numpy as np
+
+    from analysis import figures
+    from analysis.tables import summary_table
+    from tests.helpers import captured_figure
+
+    runs = _grid(2, seeds=3)
+    runs = runs[(runs["model.width"] == 2) | (runs["seed"] == 0)]  # width 1: one seed, width 2: three
+    table = summary_table(runs, ["model.width"])
+    assert table["n_seeds"].tolist() == [1, 3]
+    kept = captured_figure(monkeypatch)
+    figures.plot_bars(table, ["model.width"], tmp_path / "bars.png")
+    bars = [(ax, c) for ax in kept["fig"].axes for c in ax.containers if hasattr(c, "errorbar")]
+    assert len(bars) == 2, "accuracy and wall time"
+    for ax, c in bars:
+        caps = c.errorbar.lines[1]
+        assert all(np.isnan(cap.get_ydata()[0]) for cap in caps), "no error bar on the one-seed group"
+        assert all(np.isfinite(cap.get_ydata()[1]) for cap in caps), "the three-seed group keeps its bar"
+        assert "one seed" in ax.get_title()
