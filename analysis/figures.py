@@ -138,7 +138,8 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
         color, own = group_style(i)
-        g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
+        # a size with one seed has no log std: no bar (a zero-length one, caps at the point, read as no spread)
+        g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].to_numpy(float))
         ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt=own or "o", color=color,
                     capsize=3)
         seeds = _seed_points(df, by, key) if by else df[df["status"] == "completed"] if "status" in df else df

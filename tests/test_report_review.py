@@ -1,6 +1,8 @@
 """Review of the report and figure code (2026-11-29): results that would be wrong and look right."""
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 
 from analysis.report_page import Report
@@ -51,3 +53,28 @@ def test_results_bars_draw_no_error_bar_for_a_one_seed_group(tmp_path, monkeypat
         assert all(np.isnan(cap.get_ydata()[0]) for cap in caps), "no error bar on the one-seed group"
         assert all(np.isfinite(cap.get_ydata()[1]) for cap in caps), "the three-seed group keeps its bar"
         assert "one seed" in ax.get_title()
+
+
+def test_learning_curve_point_of_one_seed_draws_no_error_bar(tmp_path, monkeypatch):
+    """A size with one seed has no log-space std; the figure drew it a zero-length bar with caps (``exp(0)``),
+    read as a point known exactly beside the other sizes' spreads."""
+    import numpy as np
+
+    from analysis import figures
+    from analysis.fits import fit_learning_curve
+    from tests.helpers import captured_figure
+
+    rows = [{"dataset.n_train": n, "seed": s, "status": "completed",
+             "test_error": 2.0 * n ** -0.5 * (1 + 0.05 * (s - 1))}
+            for n in (100, 200, 400, 800) for s in (range(1) if n == 800 else range(3))]
+    runs = pd.DataFrame(rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fit's note on the incomplete seeds
+        fits = fit_learning_curve(runs, x="dataset.n_train", y="test_error", by=[], n_boot=0)
+    kept = captured_figure(monkeypatch)
+    figures.plot_learning_curves(runs, fits, tmp_path / "lc.png")
+    (ax,) = kept["fig"].axes
+    (bars,) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    low_caps = np.asarray(bars.lines[1][0].get_ydata(), float)
+    assert np.isfinite(low_caps[:3]).all(), "the three-seed sizes keep their bars"
+    assert np.isnan(low_caps[3]), "no bar at the one-seed size"
