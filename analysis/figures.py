@@ -138,7 +138,8 @@ def plot_learning_curves(df: pd.DataFrame, fits: pd.DataFrame, out: str | Path) 
             sel &= (points[k] == v).to_numpy() | (pd.isna(points[k]).to_numpy() & pd.isna(v))
         p = points[sel]
         color, own = group_style(i)
-        g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].fillna(0).to_numpy(float))
+        # a size with one seed has no log std: no bar (a zero-length one, caps at the point, read as no spread)
+        g, spread = p["gmean"].to_numpy(float), np.exp(p["log_std"].to_numpy(float))
         ax.errorbar(p[x].to_numpy(float), g, yerr=[g - g / spread, g * spread - g], fmt=own or "o", color=color,
                     capsize=3)
         seeds = _seed_points(df, by, key) if by else df[df["status"] == "completed"] if "status" in df else df
@@ -263,9 +264,12 @@ def plot_bars(table: pd.DataFrame, by: list[str], out: str | Path,
         header, kind = METRICS.get(m, (m, "num"))
         scale = 100.0 if kind == "pct" else 1.0
         unit_header = "wall time (s), training + evaluation" if kind == "time" else header
-        ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * table[f"{m}_std"].fillna(0), capsize=4, color=colors)
+        # a group with one seed has no std: no error bar (a zero-length one, caps at the mean, read as no spread)
+        std = table[f"{m}_std"]
+        ax.bar(pos, scale * table[f"{m}_mean"], yerr=scale * std, capsize=4, color=colors)
         ax.set_xticks(pos, labels, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds")
+        lone = "\n(no bar: one seed)" if std.isna().any() else ""
+        ax.set(ylabel=unit_header, xlabel=", ".join(by) or "runs", title=f"{unit_header}: mean ± std over seeds{lone}")
         if kind == "pct":
             lo = np.nanmin(scale * (table[f"{m}_mean"] - table[f"{m}_std"].fillna(0)))
             ax.set_ylim(max(0.0, lo - 0.1 * (100 - lo)), 100)
