@@ -1446,3 +1446,15 @@ def test_a_fixed_arm_refuses_capped_runs_that_set_a_recipe_key_its_own_runs_lack
 def _with_config_column(df: pd.DataFrame, key: str) -> pd.DataFrame:
     df.attrs["config_columns"] = [*df.attrs["config_columns"], key]
     return df
+
+
+def test_the_pilot_pooling_note_prints_no_mde_while_the_tests_hold_one_seed(tmp_path):
+    """2026-11-30 (ViT fixed-budget arm, grid unfinished): with the tests holding at most 1 seed the note printed
+    "mde at 1 seeds nan" beside each size; it gives each size's power sd and says why there is no mde."""
+    from analysis.design.plan import pooling_note
+
+    pilot = write_pilot(tmp_path / "pilot", lrs=(0.02,), sizes=(2048, 8192), seeds=(0, 1, 2), noise_sd=0.02)
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3,))
+    text = pooling_note(load_runs(pilot), load_runs(main), 1)
+    assert "nan" not in text and "mde at 1 seeds" not in text
+    assert "no mde: the tests hold 1 seed, and a seed spread needs 2" in text

@@ -177,8 +177,12 @@ def pooling_note(pilot: pd.DataFrame, main_runs: pd.DataFrame, seeds: int, tol: 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 sp = spread(pilot[pilot["dataset.n_train"] == n], tol=tol, rule=rule)
-            alone.append(f"dataset.n_train {n:g} alone: mde at {seeds} seeds {sp.mde(seeds):.4f} (power sd "
-                         f"{sp.power_sd:.4f})")
+            if seeds >= 2:
+                alone.append(f"dataset.n_train {n:g} alone: mde at {seeds} seeds {sp.mde(seeds):.4f} (power sd "
+                             f"{sp.power_sd:.4f})")
+            else:  # an unfinished grid whose tests hold one seed (or none): mde(1) is undefined, not a figure
+                alone.append(f"dataset.n_train {n:g} alone: power sd {sp.power_sd:.4f} (no mde: the tests hold "
+                             f"{seeds} seed{'' if seeds == 1 else 's'}, and a seed spread needs 2)")
         text += (" Post hoc (sensitivity), not the declared figure: the spread of each size alone: "
                  + "; ".join(alone) + ".")
     return text + "\n"
