@@ -19,6 +19,8 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.slow  # the suite's time (2026-11-30: 944 s of a 900 s budget): README's multirun block, which the
+# default suite runs (test_readme.py), trains the same model.patch=2,4,8 multirun and reports on its three run dirs
 def test_patch_size_multirun_writes_three_complete_run_dirs(tmp_path):
     done = run_cli("-m", "model.patch=2,4,8", *TINY, f"hydra.sweep.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-2000:]
