@@ -57,7 +57,7 @@ def one_run_per_seed(df: pd.DataFrame, keys: list[str], metrics: list[str], who:
         return df
     differ = _recipe_differences(df[dup], cols)
     if differ:
-        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        named = named_values(differ)
         raise ValueError(f"{who}: runs of one ({', '.join(cols)}) differ in {named}: two recipes, not one seed run "
                          f"twice; keep them apart (by={[*differ]!r}, or a groupby on them) or read one study's folders")
     warnings.warn(f"{who}: {int(dup.sum())} runs repeat a seed of the same setting ({', '.join(cols)}); each "
@@ -90,7 +90,7 @@ def require_one_recipe(df: pd.DataFrame, keys: list[str], who: str, by: list[str
     A frame without ``config_columns`` is not checked."""
     differ = _recipe_differences(df, keys, exclude=(seed_col,))
     if differ:
-        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        named = named_values(differ)
         raise ValueError(f"{who}: runs of one ({', '.join(keys)}) differ in {named}: two recipes, which one point "
                          f"would average as one setting's seeds; keep them apart (add {', '.join(differ)} to the "
                          f"groupby: by={[*(keys if by is None else by), *differ]!r}) or read one study's folders")
@@ -101,10 +101,15 @@ def warn_mixed_recipes(df: pd.DataFrame, keys: list[str], who: str, seed_col: st
     table that pools them as asked, and says so, where a curve or a fit refuses."""
     differ = _recipe_differences(df, keys, exclude=(seed_col,))
     if differ:
-        named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+        named = named_values(differ)
         warnings.warn(f"{who}: rows of ({', '.join(keys)}) average runs that differ in {named}: their mean and std are "
                       f"over two recipes, not one setting's seeds; add {', '.join(differ)} to by to keep them apart",
                       stacklevel=3)
+
+
+def named_values(differ: dict[str, list[str]]) -> str:
+    """``key (value, value); key (...)``: the recipe keys found to differ, for a message."""
+    return "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
 
 
 def _recipe_differences(df: pd.DataFrame, cols: list[str], exclude: Iterable[str] = ()) -> dict[str, list[str]]:

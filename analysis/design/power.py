@@ -11,7 +11,7 @@ from scipy import optimize, stats
 from analysis.design.grid import NOISE, SEED, curve_keys
 from analysis.design.thresholds import _flagged, center, peak_contrast
 from analysis.double_descent import width_column
-from analysis.frames import _recipe_differences, completed_only
+from analysis.frames import _recipe_differences, completed_only, named_values
 
 ALPHA, POWER = 0.05, 0.8
 
@@ -195,7 +195,7 @@ def _one_run_per_cell(df: pd.DataFrame, keys: list[str], who: str) -> tuple[pd.D
     if dup.any():
         differ = _recipe_differences(df[dup], cols)
         if differ:
-            named = "; ".join(f"{k} ({', '.join(v)})" for k, v in differ.items())
+            named = named_values(differ)
             raise ValueError(f"{who}: runs of one ({', '.join(cols)}) differ in {named}: two recipes, not one seed "
                              f"run twice; keep them apart (by={[*differ]!r}, or a groupby on them) or read one "
                              "study's folders")
