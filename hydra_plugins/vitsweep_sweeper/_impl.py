@@ -178,9 +178,8 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         trial is then the least accurate one: review 2026-11-29)."""
         key = protocol.objective_key()
         where = ["hydra.sweeper.params"] if key in {search_spaces.bare(k) for k in self.space} else []
-        where += [f"hydra.sweeper.presets.{preset}.{choice}" for preset, table in (self.presets or {}).items()
-                  for choice, lines in table.items()
-                  if any(search_spaces.bare(str(line).split("=", 1)[0]) == key for line in lines or [])]
+        where += sorted({f"hydra.sweeper.presets.{preset}.{choice}"
+                         for preset, choice, _, target in self._preset_lines() if target == key})
         if key is not None and where:
             raise ValueError(f"{key} is sampled ({', '.join(where)} sets it): one study has one direction, read "
                              f"from the first job's {key}, and its trials' values must be one metric to be compared; "
@@ -240,29 +239,32 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
         set the choice's value (review 2026-11-29): refused otherwise, naming the keys."""
         sampled = {search_spaces.bare(k) for k in self.space}
         parser = OverridesParser.create()
-        for key, table in (self.presets or {}).items():
-            choices = [str(fixed[key])] if key in fixed else list(table)
-            for choice in choices:
-                if choice == "None" or choice not in table:  # a bare `~key`, or refused above
-                    continue
-                for override in table[choice]:
-                    target = search_spaces.bare(str(override).split("=", 1)[0])
-                    if target == key and "=" in str(override):
-                        (parsed,) = parser.parse_overrides([str(override)])
-                        value = parsed.value()
-                        if str(value) != choice and value != self._choice_value(key, choice):
-                            raise ValueError(
-                                f"hydra.sweeper.presets.{key}.{choice} sets {override}, not the choice {choice}: "
-                                f"Optuna would record {key}={choice} for runs that trained {parsed.value()}. Set "
-                                f"{key}={choice} in the preset, or leave {key} out of it")
-                    if target != key and target in sampled:
-                        raise ValueError(
-                            f"hydra.sweeper.presets.{key}.{choice} sets {target}, which hydra.sweeper.params samples: "
-                            f"Optuna would record the sampled {target} for runs that trained the preset's (or the "
-                            f"other way round, by the order of the keys). Drop {target} from the preset or from "
-                            "hydra.sweeper.params")
+        for key, choice, override, target in self._preset_lines(fixed):
+            if choice == "None":  # a bare `~key`
+                continue
+            if target == key and "=" in override:
+                (parsed,) = parser.parse_overrides([override])
+                value = parsed.value()
+                if str(value) != choice and value != self._choice_value(key, choice, parser):
+                    raise ValueError(
+                        f"hydra.sweeper.presets.{key}.{choice} sets {override}, not the choice {choice}: Optuna would "
+                        f"record {key}={choice} for runs that trained {value}. Set {key}={choice} in the preset, or "
+                        f"leave {key} out of it")
+            if target != key and target in sampled:
+                raise ValueError(
+                    f"hydra.sweeper.presets.{key}.{choice} sets {target}, which hydra.sweeper.params samples: Optuna "
+                    f"would record the sampled {target} for runs that trained the preset's (or the other way round, "
+                    f"by the order of the keys). Drop {target} from the preset or from hydra.sweeper.params")
 
-    def _choice_value(self, key: str, choice: str) -> Any:
+    def _preset_lines(self, fixed: dict[str, Any] | None = None):
+        """``(preset key, choice, override, the config key it sets)`` for each override of each preset choice (of a
+        preset key ``fixed`` on the command line, of its choice only; a choice without a table entry has none)."""
+        for key, table in (self.presets or {}).items():
+            for choice in [str(fixed[key])] if fixed and key in fixed else list(table):
+                for override in table.get(choice) or []:
+                    yield key, choice, str(override), search_spaces.bare(str(override).split("=", 1)[0])
+
+    def _choice_value(self, key: str, choice: str, parser: OverridesParser) -> Any:
         """The sampled (or fixed) value of preset ``key`` whose table entry is named ``choice``."""
         dist = self.space.get(key)
         if isinstance(dist, CategoricalDistribution):
@@ -270,7 +272,7 @@ class SweeperImpl(ClaimLoop, RecipeChecks, WorkerProcesses):
                 if str(c) == choice:
                     return c
         try:  # a fixed choice, as written on the command line: the value Hydra reads from it
-            (parsed,) = OverridesParser.create().parse_overrides([f"{key}={choice}"])
+            (parsed,) = parser.parse_overrides([f"{key}={choice}"])
             return parsed.value()
         except Exception:  # noqa: BLE001 - not a value Hydra parses: compared as written
             return choice
