@@ -1,12 +1,14 @@
 """One run directory read into one row: its config, summary and metrics (the contract in docs/run_dir.md)."""
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from hydra_plugins.vitsweep_sweeper.protocol import flatten_config
@@ -74,7 +76,11 @@ def read_config(run_dir: Path, ended: bool = False) -> dict:
             return flatten(json.loads(path.read_text()))
         except (OSError, ValueError):
             warnings.warn(f"{path}: unreadable; reading .hydra/config.yaml", stacklevel=3)
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    text = (run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8")
+    data = yaml.load(text, Loader=_yaml_loader())
+    if isinstance(data, dict) and "${" not in text:  # nothing to resolve: OmegaConf would hand the same dict back
+        return flatten(data)
+    cfg = OmegaConf.create(data)
     try:
         return flatten(OmegaConf.to_container(cfg, resolve=True))
     except Exception:  # e.g. ${hydra:...} resolvers that only exist inside a running job
@@ -85,6 +91,26 @@ def read_config(run_dir: Path, ended: bool = False) -> dict:
             except Exception:
                 pass
         return flat
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """OmegaConf's YAML loader (its float forms, no timestamps, duplicate keys refused) on libyaml's parser where
+    PyYAML has it: ``OmegaConf.load`` parses in pure Python, 10 ms a run's config, the largest part of reading a
+    study's records (``make reports``; tests/test_analysis.py checks both loaders agree)."""
+    from omegaconf._utils import get_yaml_loader
+
+    base = get_yaml_loader()
+    if not getattr(yaml, "__with_libyaml__", False):
+        return base
+
+    class Loader(yaml.cyaml.CParser, base):  # as yaml.CSafeLoader: the C parser, the Python constructor and resolver
+        def __init__(self, stream):
+            yaml.cyaml.CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+    return Loader
 
 
 def read_summary(run_dir: Path) -> dict | None:

@@ -208,6 +208,37 @@ def test_config_flattened_and_summary_merged(tmp_path):
     assert Path(row["run_dir"]).name == "0"
 
 
+CONFIG_YAML = """\
+optimizer: {lr: 1e-3, weight_decay: 1.0e-05, momentum: .9, clip: .inf}
+dataset: {root: null, date: 2001-12-14, quoted: '0.5', flag: yes, n_train: 1_024}
+model:
+  blocks: [[1, 2], [3]]
+  extra: {}
+  missing: ???
+"""
+
+
+@pytest.mark.parametrize("interpolated", [False, True])
+def test_a_runs_config_reads_as_omegaconf_reads_it(tmp_path, interpolated):
+    """read_config parses with libyaml under OmegaConf's rules (its float forms, no timestamps): the same values and
+    types as OmegaConf.load, interpolations resolved; a duplicate key is refused as OmegaConf refuses it."""
+    from omegaconf import OmegaConf
+
+    from analysis.run_dir import flatten, read_config
+
+    run = tmp_path / "0"
+    (run / ".hydra").mkdir(parents=True)
+    path = run / ".hydra" / "config.yaml"
+    path.write_text(CONFIG_YAML + ("seed: ${dataset.n_train}\n" if interpolated else "seed: 3\n"))
+    want = flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    got = read_config(run)
+    assert got == want and [type(v) for v in got.values()] == [type(v) for v in want.values()]
+    assert got["optimizer.lr"] == 0.001 and got["dataset.date"] == "2001-12-14" and got["seed"] in (3, 1024)
+    path.write_text("seed: 1\nseed: 2\n")
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key seed"):
+        read_config(run)
+
+
 def test_load_study_joins_trials_to_runs(tmp_path):
     optuna = pytest.importorskip("optuna")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
