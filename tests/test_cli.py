@@ -96,6 +96,8 @@ def test_pruning_is_decided_from_the_returned_summary():
     assert objective_of({**pruned, "stop_reason": "converged"}, in_trial=True) == 0.5
 
 
+@pytest.mark.slow  # the suite's time: test_resume.py checks the same in process (test_a_crashed_run_resumes_exactly_
+# and_a_finished_one_is_not_retrained, test_a_changed_config_refuses_to_resume_and_names_the_keys)
 def test_a_finished_run_is_not_retrained_from_the_command_line(tmp_path):
     args = (*TINY, "trainer.checkpoint=true", f"hydra.run.dir={tmp_path}")
     first = run_cli(*args)

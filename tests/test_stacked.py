@@ -130,6 +130,8 @@ def test_members_of_other_resolved_precisions_train_apart_and_record_how_they_tr
         assert "stacked_members" not in alone and "attention_trained" not in alone
 
 
+@pytest.mark.slow  # the suite's time: test_launcher.py::test_stacked_trials_each_know_their_own_trial trains a stacked
+# group through the launcher, and the refusal is checked in process above
 def test_stack_always_multirun_writes_every_member_run_dir(tmp_path):
     """Through the launcher: one stacked group of four jobs, each a complete run dir under the contract."""
     done = run_cli("-m", *CNN, "seed=0,1", "label_noise=none,p10", "hydra/launcher=vectorized",

@@ -24,6 +24,8 @@ pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [submit
 LOCAL = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
 
 
+@pytest.mark.slow  # the suite's time: the TPE and pruning tests below run batches through submitit; a grid's claim is
+# the sweeper's own, checked in test_sweeper_faults.py (two workers, a resumed larger budget)
 def test_a_grid_in_batches_runs_each_point_once(tmp_path):
     sweep(tmp_path, *LOCAL, *GRID, "hydra.sweeper.n_jobs=4", "hydra.sweeper.n_trials=6")
     assert_each_point_once(load(tmp_path))

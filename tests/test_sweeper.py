@@ -301,20 +301,22 @@ def test_the_trainers_study_refuses_a_changed_recipe_or_stop_limit_but_not_a_run
 
 
 def test_the_direction_follows_the_trainers_objective(tmp_path):
-    """`trainer.objective=test_acc` with no direction set: the study maximises, and the better point wins."""
+    """`trainer.objective=test_acc` with no direction set: the study maximises, each trial's value is its run's test
+    accuracy, and the best trial is the one of highest accuracy (the run's record is the truth, not a learnt order:
+    at 80 steps the test took 8 s, for the same checks)."""
     from tests.conftest import TINY
 
-    # 80 steps: 1e-2 learns (test accuracy 0.19-0.25 on both attention paths) and 1e-5 stays at chance (0.11); at
-    # 16 steps and 3e-3 both were at chance and the order was the random draws'
-    run([*["-m", "src.train", "-m"], *TINY, "dataset.n_train=400", "trainer.max_epochs=10",
-         "trainer.objective=test_acc", "optimizer.lr=choice(1e-5,1e-2)",
+    run([*["-m", "src.train", "-m"], *TINY, "trainer.objective=test_acc", "optimizer.lr=choice(1e-5,1e-2)",
          "hydra/sweeper=vitsweep", "hydra/sweeper/sampler=grid", "hydra.sweeper.study_name=d",
          f"hydra.sweep.dir={tmp_path}"], cwd=ROOT)
     study = optuna.load_study(study_name="d", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
-    values = {t.params["optimizer.lr"]: t.value for t in study.trials}
-    assert values[1e-2] > values[1e-5]
-    assert study.best_trial.params["optimizer.lr"] == 1e-2
+    assert len(study.trials) == 2
+    for t in study.trials:
+        summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
+        assert summary["objective_name"] == "test_acc" and t.value == summary["objective"]
+        assert t.value == pytest.approx(1 - summary["test_error"])
+    assert study.best_trial.value == max(t.value for t in study.trials)
 
 
 def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
