@@ -167,5 +167,9 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
         raise ValueError(f"trainer.test_every={test_every} must be null, a whole multiple of trainer.eval_every="
                          f"{eval_every} or a divisor of it such as 1 (every evaluation then scores the test split); it "
                          "counts epochs between scorings of the test split, and the final evaluation always scores it")
+    size = t.get("train_eval_size")  # a fraction (0.5) scored no image: train_error 0.0, as if interpolated
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ValueError(f"trainer.train_eval_size={size} must be null (every train image) or an integer >= 1 (the "
+                         "images of the train split scored at each evaluation)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")

@@ -58,6 +58,9 @@ def test_max_wall_alone_with_a_cosine_schedule_says_how(tiny_cfg, tmp_path):
     ("trainer.checkpoint_every=-1", r"trainer.checkpoint_every=-1 must be an integer >= 0"),
     ("trainer.resume=sometimes", r"trainer.resume='sometimes' is unknown: choose one of \['auto', 'never'\]"),
     ("trainer.max_epochs=null", "set trainer.max_epochs, trainer.max_steps or trainer.max_wall_s"),
+    # a fraction scored no image (train_error 0.0, as if interpolated); a negative size all but that many
+    ("trainer.train_eval_size=0.5", r"trainer.train_eval_size=0.5 must be null .* or an integer >= 1"),
+    ("trainer.train_eval_size=-50", r"trainer.train_eval_size=-50 must be null .* or an integer >= 1"),
 ])
 def test_bad_trainer_input_fails_before_any_record(tiny_cfg, tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
