@@ -119,7 +119,8 @@ def _recipe_differences(df: pd.DataFrame, cols: list[str], exclude: Iterable[str
     out = {}
     for k in keys:
         v = df[k].map(_norm)
-        if (v.groupby([df[c] for c in cols], dropna=False).nunique(dropna=False) > 1).any():
+        groups = v.groupby([df[c] for c in cols], dropna=False) if cols else v.groupby(lambda _: 0)  # no key: one group
+        if (groups.nunique(dropna=False) > 1).any():
             out[k] = sorted({str(x) for x in v})
     return out
 

@@ -597,6 +597,18 @@ def test_a_study_report_lists_every_trial_with_its_objective_and_the_best(tmp_pa
     assert "Best trial: 2" in trials and "val_error = 0.7467" in trials
 
 
+def test_a_report_of_runs_that_differ_only_in_their_seed_has_one_row_of_all_seeds(tmp_path):
+    """`python -m src.train -m seed=0,1,2` then a report: nothing but the seed varies, so the results are one row over
+    the three seeds (the mixed-recipe check of 2026-11-29 grouped by no key and stopped the report)."""
+    for i in range(3):
+        write_run(tmp_path / "sweep", i, config(i), summary(0.1 * (i + 1)), history(0.1 * (i + 1)))
+    assert len(summary_table(load_runs(tmp_path / "sweep"), [])) == 1
+    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
+    table = pd.read_csv(tmp_path / "report" / "tables" / "results.csv")
+    assert len(table) == 1 and table["n_seeds"].tolist() == [3]
+    assert table["test_acc_mean"].tolist() == pytest.approx([0.8])
+
+
 def test_two_studies_of_one_name_in_two_storages_are_listed_apart(tmp_path):
     """Two arms of a comparison (with and without a pruner) often share a study name, each in its own storage."""
     a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"  # storages that do not exist: no state
