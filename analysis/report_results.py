@@ -12,6 +12,7 @@ from analysis.fits import fit_learning_curve
 from analysis.load import load_history
 from analysis.report_page import Report
 from analysis.tables import format_table, format_value, summary_table
+from src.run_contract import objective_direction
 
 MAX_GROUPS = 12  # curves per figure (more are illegible)
 
@@ -51,7 +52,8 @@ def _trials(rep: Report, runs: pd.DataFrame, varied: list[str]) -> None:
     groups = runs.assign(_study=studies).groupby("_study", sort=True)
     for i, (study, t) in enumerate(groups):
         t = t.sort_values("trial_number")
-        name, direction = _first(t, "objective_name", "objective"), _first(t, "objective_direction", "minimize")
+        name = _first(t, "objective_name", "objective")  # runs from before the direction was recorded: the trainer's
+        direction = _first(t, "objective_direction", objective_direction(name))  # rule for the name (acc: maximize)
         reason = t["stop_reason"] if "stop_reason" in t else pd.Series(None, index=t.index)
         stuck = t["stalled"].fillna(False).astype(bool) if "stalled" in t else pd.Series(False, index=t.index)
         table = pd.DataFrame({"trial": t["trial_number"].astype("Int64"),

@@ -609,6 +609,18 @@ def test_a_report_of_runs_that_differ_only_in_their_seed_has_one_row_of_all_seed
     assert table["test_acc_mean"].tolist() == pytest.approx([0.8])
 
 
+def test_a_study_whose_runs_predate_the_recorded_direction_names_the_best_by_its_objectives_direction(tmp_path):
+    """Summaries written before `objective_direction` was recorded: the best trial of a maximised objective (an
+    accuracy) is its highest, by the trainer's own rule for the name (src.run_contract), not the lowest."""
+    for i, acc in enumerate([0.2, 0.9, 0.5]):
+        cfg = {**config(i), "trial": {"storage": None, "study_name": "acc", "number": i}}
+        write_run(tmp_path / "sweep", i, cfg, summary(1 - acc, trial_number=i, study_name="acc",
+                                                      objective_name="test_acc", objective=acc))
+    make_report([tmp_path / "sweep"], tmp_path / "report", n_boot=50)
+    trials = (tmp_path / "report" / "report.md").read_text().split("## Trials", 1)[1].split("\n## ", 1)[0]
+    assert "Best trial: 1 (maximize), test_acc = 0.9" in trials, trials
+
+
 def test_two_studies_of_one_name_in_two_storages_are_listed_apart(tmp_path):
     """Two arms of a comparison (with and without a pruner) often share a study name, each in its own storage."""
     a, b = f"sqlite:///{tmp_path}/a.db", f"sqlite:///{tmp_path}/b.db"  # storages that do not exist: no state
