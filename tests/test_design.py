@@ -1458,3 +1458,15 @@ def test_the_pilot_pooling_note_prints_no_mde_while_the_tests_hold_one_seed(tmp_
     text = pooling_note(load_runs(pilot), load_runs(main), 1)
     assert "nan" not in text and "mde at 1 seeds" not in text
     assert "no mde: the tests hold 1 seed, and a seed spread needs 2" in text
+
+
+def test_a_single_lr_pilot_at_another_lr_than_the_main_runs_is_refused(tmp_path):
+    """A pilot that tried one lr, not the main run's, gave the power figure another recipe's spread, and the pooling
+    note said it was "at the main run's lr": the refusal that a several-lr pilot gets (``pilot_at_main_lr``) was
+    skipped where lr was not a curve key of the pilot."""
+    pilot = write_pilot(tmp_path / "pilot", lrs=(0.05,), sizes=(8192,), seeds=(0, 1, 2))
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5))
+    with pytest.raises(SystemExit, match=r"optimizer\.lr 0\.02.*pilot never tried.*0\.05"):
+        design.main(["test", str(main), "--pilot", str(pilot)])
+    same = write_pilot(tmp_path / "same", lrs=(0.05,), sizes=(8192,), seeds=(3, 4, 5))
+    assert design.main(["test", str(same), "--pilot", str(pilot)]) == 0

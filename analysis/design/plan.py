@@ -126,17 +126,18 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
 def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 0.01) -> pd.DataFrame:
     """The pilot's runs at the lr the main run trained at, where the pilot tried several (its spread at another lr
     is another recipe's): the main run's one lr, else the lr rule's choice. Refused (SystemExit) when the main run's
-    lr is not among the pilot's, or when the main run holds none and the rule chose none (every rung collapsed)."""
-    if LR not in curve_keys(pilot):
-        return pilot
-    tried = sorted(pilot[LR].dropna().astype(float).unique())
+    lr is not among the pilot's (a pilot of one lr too), or when the main run holds none and the rule chose none
+    (every rung collapsed)."""
+    tried = sorted(pilot[LR].dropna().astype(float).unique()) if LR in pilot else []
     main_lrs = sorted(main_runs[LR].dropna().astype(float).unique()) if LR in main_runs else []
+    if LR not in curve_keys(pilot) and not (len(main_lrs) == 1 and len(tried)):
+        return pilot
     if len(main_lrs) == 1:
         if not np.isclose(tried, main_lrs[0]).any():
             raise SystemExit(f"the main run trained at {LR} {main_lrs[0]:g}, which the pilot never tried (it tried "
                              f"{', '.join(f'{v:g}' for v in tried)}): its spread is another recipe's; pass the pilot "
                              "of the main run's lr")
-        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])]
+        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])] if LR in curve_keys(pilot) else pilot
     lr, _ = choose_lr(pilot, tol=tol)
     if lr is None:
         raise SystemExit(f"the pilot tried {LR} {', '.join(f'{v:g}' for v in tried)} and the lr rule chose none (each "
