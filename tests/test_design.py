@@ -1470,3 +1470,30 @@ def test_a_single_lr_pilot_at_another_lr_than_the_main_runs_is_refused(tmp_path)
         design.main(["test", str(main), "--pilot", str(pilot)])
     same = write_pilot(tmp_path / "same", lrs=(0.05,), sizes=(8192,), seeds=(3, 4, 5))
     assert design.main(["test", str(same), "--pilot", str(pilot)]) == 0
+
+
+def test_the_pilots_spread_refuses_a_curve_pooling_two_recipes_on_other_seeds_or_other_widths(tmp_path):
+    """The pilot's spread refused two recipes only where they shared a (curve, width, seed): two recipes on seeds
+    0-2 and 3-5 of one width, or one recipe at the narrow widths and another at the wide ones (two pilot sweeps
+    stitched), were pooled silently into the seed spread and the contrast the power figure rests on, which the
+    main test refuses (``one_recipe``) and the curves refuse (``require_one_recipe``)."""
+    def set_dropout(root, pick):
+        for config in root.glob("*/.hydra/config.yaml"):
+            text = config.read_text()
+            width = float(re.search(r"width: (\S+)", text).group(1))
+            seed = float(re.search(r"seed: (\S+)", text).group(1))
+            config.write_text(text.replace("model:\n", f"model:\n  dropout: {pick(width, seed)}\n"))
+
+    a = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    b = write_pilot(tmp_path / "b", seeds=(3, 4, 5), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(a, lambda w, s: 0.0)
+    set_dropout(b, lambda w, s: 0.3)
+    with pytest.raises(ValueError, match=r"model\.dropout \(0\.0, 0\.3\)"):
+        design.spread(load_runs([a, b]))
+    c = write_pilot(tmp_path / "c", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(c, lambda w, s: 0.3 if w >= 6 else 0.0)
+    with pytest.raises(ValueError, match=r"model\.dropout \(0\.0, 0\.3\)"):
+        design.spread(load_runs([c]))
+    d = write_pilot(tmp_path / "d", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(d, lambda w, s: 0.1)
+    assert design.spread(load_runs([d])).dof  # one recipe: read as before
