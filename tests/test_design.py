@@ -1497,3 +1497,19 @@ def test_the_pilots_spread_refuses_a_curve_pooling_two_recipes_on_other_seeds_or
     d = write_pilot(tmp_path / "d", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
     set_dropout(d, lambda w, s: 0.1)
     assert design.spread(load_runs([d])).dof  # one recipe: read as before
+
+
+def test_the_lr_rule_counts_a_run_that_diverged_at_a_threshold_width(tmp_path):
+    """A run whose loss went non-finite (status failed, ``nonfinite_loss``) at a threshold width is the lr's
+    instability too; the rule read finished runs only, so an lr whose runs diverged next to the threshold was
+    "stable" and chosen."""
+    root = write_pilot(tmp_path, sizes=(8192,))
+    for summary in root.glob("*/summary.json"):
+        config = (summary.parent / ".hydra" / "config.yaml").read_text()
+        if re.search(r"lr: 0\.05\b", config) and re.search(r"width: 6\b", config):
+            s = json.loads(summary.read_text())
+            s.update(status="failed", stop_reason="nonfinite_loss", train_error=None, test_error=None)
+            summary.write_text(json.dumps(s))
+    lr, table = design.choose_lr(load_runs(root))
+    assert lr == 0.02
+    assert table.set_index("optimizer.lr").loc[0.05, "flagged"] == 2  # 2 seeds at C1 = 6, next to the threshold 8

@@ -10,7 +10,7 @@ from analysis.design.grid import LR, NOISE, SEED, curve_keys
 from analysis.design.power import spread
 from analysis.design.thresholds import _flagged, threshold, thresholds
 from analysis.double_descent import width_column
-from analysis.frames import completed_only, require_columns
+from analysis.frames import _norm, completed_only, require_columns
 from analysis.load import load_runs
 
 
@@ -32,19 +32,27 @@ def choose_lr(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> 
     """The lr rule: the largest lr under which no run at its threshold widths collapsed or stalled.
 
     Thresholds are taken per (other curve keys, noise) at each lr; an lr whose curves have no interpolating width
-    counts every width as a threshold width. Returns (lr or None, one row per lr with its flagged runs there)."""
+    counts every width as a threshold width. A run whose loss went non-finite there (status failed,
+    ``nonfinite_loss``: diverged) counts as flagged too: it is the lr's instability, not a run that did not finish.
+    Returns (lr or None, one row per lr with its flagged runs there)."""
     width = width or width_column(df)
     require_columns(df, LR)
+    diverged = (df[(df["status"] == "failed") & (df["stop_reason"] == "nonfinite_loss")]
+                if {"status", "stop_reason"} <= set(df.columns) else df.iloc[:0])
     df = completed_only(df, "choose_lr")
     others = [k for k in curve_keys(df) if k != LR]
+    blown = {tuple(_norm(v) for v in k): g for k, g in diverged.groupby([LR, *others, NOISE], dropna=False)}
     rows = []
     for lr, at in df.groupby(LR, sort=True):
         bad = total = 0
-        for _, c in at.groupby([*others, NOISE], dropna=False):
+        for key, c in at.groupby([*others, NOISE], dropna=False):
             t = threshold(c, width, tol)
-            sel = c[c[width].isin(near(sorted(c[width].unique()), t))]
-            bad += int(_flagged(sel).sum())
-            total += len(sel)
+            lost = blown.get(tuple(_norm(v) for v in (lr, *np.atleast_1d(key))), diverged.iloc[:0])
+            widths = near(sorted({*c[width].unique(), *lost[width].unique()}), t)
+            sel = c[c[width].isin(widths)]
+            gone = int(lost[width].isin(widths).sum())
+            bad += int(_flagged(sel).sum()) + gone
+            total += len(sel) + gone
         rows.append({LR: float(lr), "runs_at_threshold_widths": total, "flagged": bad, "stable": bad == 0})
     table = pd.DataFrame(rows)
     stable = table[table["stable"]]
