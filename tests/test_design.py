@@ -1458,3 +1458,58 @@ def test_the_pilot_pooling_note_prints_no_mde_while_the_tests_hold_one_seed(tmp_
     text = pooling_note(load_runs(pilot), load_runs(main), 1)
     assert "nan" not in text and "mde at 1 seeds" not in text
     assert "no mde: the tests hold 1 seed, and a seed spread needs 2" in text
+
+
+def test_a_single_lr_pilot_at_another_lr_than_the_main_runs_is_refused(tmp_path):
+    """A pilot that tried one lr, not the main run's, gave the power figure another recipe's spread, and the pooling
+    note said it was "at the main run's lr": the refusal that a several-lr pilot gets (``pilot_at_main_lr``) was
+    skipped where lr was not a curve key of the pilot."""
+    pilot = write_pilot(tmp_path / "pilot", lrs=(0.05,), sizes=(8192,), seeds=(0, 1, 2))
+    main = write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5))
+    with pytest.raises(SystemExit, match=r"optimizer\.lr 0\.02.*pilot never tried.*0\.05"):
+        design.main(["test", str(main), "--pilot", str(pilot)])
+    same = write_pilot(tmp_path / "same", lrs=(0.05,), sizes=(8192,), seeds=(3, 4, 5))
+    assert design.main(["test", str(same), "--pilot", str(pilot)]) == 0
+
+
+def test_the_pilots_spread_refuses_a_curve_pooling_two_recipes_on_other_seeds_or_other_widths(tmp_path):
+    """The pilot's spread refused two recipes only where they shared a (curve, width, seed): two recipes on seeds
+    0-2 and 3-5 of one width, or one recipe at the narrow widths and another at the wide ones (two pilot sweeps
+    stitched), were pooled silently into the seed spread and the contrast the power figure rests on, which the
+    main test refuses (``one_recipe``) and the curves refuse (``require_one_recipe``)."""
+    def set_dropout(root, pick):
+        for config in root.glob("*/.hydra/config.yaml"):
+            text = config.read_text()
+            width = float(re.search(r"width: (\S+)", text).group(1))
+            seed = float(re.search(r"seed: (\S+)", text).group(1))
+            config.write_text(text.replace("model:\n", f"model:\n  dropout: {pick(width, seed)}\n"))
+
+    a = write_pilot(tmp_path / "a", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    b = write_pilot(tmp_path / "b", seeds=(3, 4, 5), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(a, lambda w, s: 0.0)
+    set_dropout(b, lambda w, s: 0.3)
+    with pytest.raises(ValueError, match=r"model\.dropout \(0\.0, 0\.3\)"):
+        design.spread(load_runs([a, b]))
+    c = write_pilot(tmp_path / "c", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(c, lambda w, s: 0.3 if w >= 6 else 0.0)
+    with pytest.raises(ValueError, match=r"model\.dropout \(0\.0, 0\.3\)"):
+        design.spread(load_runs([c]))
+    d = write_pilot(tmp_path / "d", seeds=(0, 1, 2), lrs=(0.02,), sizes=(8192,), noise_sd=0.02)
+    set_dropout(d, lambda w, s: 0.1)
+    assert design.spread(load_runs([d])).dof  # one recipe: read as before
+
+
+def test_the_lr_rule_counts_a_run_that_diverged_at_a_threshold_width(tmp_path):
+    """A run whose loss went non-finite (status failed, ``nonfinite_loss``) at a threshold width is the lr's
+    instability too; the rule read finished runs only, so an lr whose runs diverged next to the threshold was
+    "stable" and chosen."""
+    root = write_pilot(tmp_path, sizes=(8192,))
+    for summary in root.glob("*/summary.json"):
+        config = (summary.parent / ".hydra" / "config.yaml").read_text()
+        if re.search(r"lr: 0\.05\b", config) and re.search(r"width: 6\b", config):
+            s = json.loads(summary.read_text())
+            s.update(status="failed", stop_reason="nonfinite_loss", train_error=None, test_error=None)
+            summary.write_text(json.dumps(s))
+    lr, table = design.choose_lr(load_runs(root))
+    assert lr == 0.02
+    assert table.set_index("optimizer.lr").loc[0.05, "flagged"] == 2  # 2 seeds at C1 = 6, next to the threshold 8

@@ -8,8 +8,8 @@ an lr ladder, two seeds) and prints, per training-set size and lr:
 - the **collapse table**: runs per (lr, width) and how many ended flagged ``stalled``/``collapsed``
   (``analysis.load.result_flags``);
 - the **lr rule**, stated before it is applied and never looking at test error: the largest lr of the ladder under
-  which no pilot run at the threshold widths (the grid widths within a factor 2 of that lr's threshold) collapsed or
-  stalled;
+  which no pilot run at the threshold widths (the grid widths within a factor 2 of that lr's threshold) collapsed,
+  stalled or diverged (a non-finite loss);
 - the **seed spread** at the chosen lr: the standard deviation over seeds of each width's test error, and of the
   declared statistic below, pooled over the pilot's curves;
 - the **smallest detectable peak** for k seeds (``mde``), and a suggested main grid around the threshold.

@@ -10,7 +10,7 @@ from analysis.design.grid import LR, NOISE, SEED, curve_keys
 from analysis.design.power import spread
 from analysis.design.thresholds import _flagged, threshold, thresholds
 from analysis.double_descent import width_column
-from analysis.frames import completed_only, require_columns
+from analysis.frames import _norm, completed_only, require_columns
 from analysis.load import load_runs
 
 
@@ -32,19 +32,27 @@ def choose_lr(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> 
     """The lr rule: the largest lr under which no run at its threshold widths collapsed or stalled.
 
     Thresholds are taken per (other curve keys, noise) at each lr; an lr whose curves have no interpolating width
-    counts every width as a threshold width. Returns (lr or None, one row per lr with its flagged runs there)."""
+    counts every width as a threshold width. A run whose loss went non-finite there (status failed,
+    ``nonfinite_loss``: diverged) counts as flagged too: it is the lr's instability, not a run that did not finish.
+    Returns (lr or None, one row per lr with its flagged runs there)."""
     width = width or width_column(df)
     require_columns(df, LR)
+    diverged = (df[(df["status"] == "failed") & (df["stop_reason"] == "nonfinite_loss")]
+                if {"status", "stop_reason"} <= set(df.columns) else df.iloc[:0])
     df = completed_only(df, "choose_lr")
     others = [k for k in curve_keys(df) if k != LR]
+    blown = {tuple(_norm(v) for v in k): g for k, g in diverged.groupby([LR, *others, NOISE], dropna=False)}
     rows = []
     for lr, at in df.groupby(LR, sort=True):
         bad = total = 0
-        for _, c in at.groupby([*others, NOISE], dropna=False):
+        for key, c in at.groupby([*others, NOISE], dropna=False):
             t = threshold(c, width, tol)
-            sel = c[c[width].isin(near(sorted(c[width].unique()), t))]
-            bad += int(_flagged(sel).sum())
-            total += len(sel)
+            lost = blown.get(tuple(_norm(v) for v in (lr, *np.atleast_1d(key))), diverged.iloc[:0])
+            widths = near(sorted({*c[width].unique(), *lost[width].unique()}), t)
+            sel = c[c[width].isin(widths)]
+            gone = int(lost[width].isin(widths).sum())
+            bad += int(_flagged(sel).sum()) + gone
+            total += len(sel) + gone
         rows.append({LR: float(lr), "runs_at_threshold_widths": total, "flagged": bad, "stable": bad == 0})
     table = pd.DataFrame(rows)
     stable = table[table["stable"]]
@@ -126,17 +134,18 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
 def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 0.01) -> pd.DataFrame:
     """The pilot's runs at the lr the main run trained at, where the pilot tried several (its spread at another lr
     is another recipe's): the main run's one lr, else the lr rule's choice. Refused (SystemExit) when the main run's
-    lr is not among the pilot's, or when the main run holds none and the rule chose none (every rung collapsed)."""
-    if LR not in curve_keys(pilot):
-        return pilot
-    tried = sorted(pilot[LR].dropna().astype(float).unique())
+    lr is not among the pilot's (a pilot of one lr too), or when the main run holds none and the rule chose none
+    (every rung collapsed)."""
+    tried = sorted(pilot[LR].dropna().astype(float).unique()) if LR in pilot else []
     main_lrs = sorted(main_runs[LR].dropna().astype(float).unique()) if LR in main_runs else []
+    if LR not in curve_keys(pilot) and not (len(main_lrs) == 1 and len(tried)):
+        return pilot
     if len(main_lrs) == 1:
         if not np.isclose(tried, main_lrs[0]).any():
             raise SystemExit(f"the main run trained at {LR} {main_lrs[0]:g}, which the pilot never tried (it tried "
                              f"{', '.join(f'{v:g}' for v in tried)}): its spread is another recipe's; pass the pilot "
                              "of the main run's lr")
-        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])]
+        return pilot[np.isclose(pilot[LR].astype(float), main_lrs[0])] if LR in curve_keys(pilot) else pilot
     lr, _ = choose_lr(pilot, tol=tol)
     if lr is None:
         raise SystemExit(f"the pilot tried {LR} {', '.join(f'{v:g}' for v in tried)} and the lr rule chose none (each "

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.design.grid import NOISE, SEED, curve_keys
+from analysis.design.grid import NOISE, SEED, curve_keys, curve_name, follows
 from analysis.design.thresholds import _flagged, center, peak_contrast
 from analysis.double_descent import width_column
-from analysis.frames import _recipe_differences, completed_only, named_values
+from analysis.frames import _norm, _recipe_differences, completed_only, named_values, recipe_columns, require_one_recipe
 
 ALPHA, POWER = 0.05, 0.8
 
@@ -217,6 +217,23 @@ def _one_run_per_cell(df: pd.DataFrame, keys: list[str], who: str) -> tuple[pd.D
     return out, {"ss": ss, "dof": dof, "cells": int((r > 1).sum()), "duplicates": int(same.sum())}
 
 
+def _one_recipe_per_curve(df: pd.DataFrame, width: str) -> None:
+    """Refuse a pilot curve that pools two recipes where no (width, seed) holds both (``_one_run_per_cell`` finds
+    them only there): at one width on other seeds (``require_one_recipe``), or at other widths (two pilot sweeps
+    stitched; a model key that takes a different value at each width, a ViT's MLP size, aside, as ``one_recipe``
+    has it for the main run): their seed spread and contrasts would span the two recipes."""
+    keys = [*curve_keys(df), NOISE]
+    require_one_recipe(df, [*keys, width], "spread")
+    free = recipe_columns(df, [*keys, width, SEED])
+    for key, c in df.groupby(keys, dropna=False, sort=True):
+        along = {k: sorted({str(v) for v in c[k].map(_norm)}) for k in free
+                 if c[k].map(_norm).nunique() > 1 and not (k.startswith("model.") and follows(c, k, width))}
+        if along:
+            raise ValueError(f"spread: the pilot's curve {curve_name(keys, key)}: its widths differ in "
+                             f"{named_values(along)}: a curve stitched from two recipes, whose contrasts would span "
+                             "them; pass one recipe's pilot sweeps")
+
+
 def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: str = "critical") -> Spread:
     """Seed spread of the pilot's curves (unflagged runs): of the contrast at each curve's threshold, and of a single
     width's test error, both pooled (sum of squares over degrees of freedom), as the variance of a single run per
@@ -233,6 +250,7 @@ def spread(df: pd.DataFrame, width: str | None = None, tol: float = 0.01, rule: 
     width = width or width_column(df)
     df = completed_only(df, "spread")
     df = df[~_flagged(df)]
+    _one_recipe_per_curve(df, width)
     df, rr = _one_run_per_cell(df, [*curve_keys(df), NOISE, width], "spread")
     e2 = rr["ss"] / rr["dof"] if rr["dof"] else 0.0
     ss_c = dof_c = ss_w = dof_w = curves = 0
