@@ -47,7 +47,7 @@ def choose_lr(df: pd.DataFrame, width: str | None = None, tol: float = 0.01) -> 
         bad = total = 0
         for key, c in at.groupby([*others, NOISE], dropna=False):
             t = threshold(c, width, tol)
-            lost = blown.get(tuple(_norm(v) for v in (lr, *np.atleast_1d(key))), diverged.iloc[:0])
+            lost = blown.get(tuple(_norm(v) for v in (lr, *key)), diverged.iloc[:0])  # a list groupby: key is a tuple
             widths = near(sorted({*c[width].unique(), *lost[width].unique()}), t)
             sel = c[c[width].isin(widths)]
             gone = int(lost[width].isin(widths).sum())
