@@ -1460,6 +1460,23 @@ def test_the_pilot_pooling_note_prints_no_mde_while_the_tests_hold_one_seed(tmp_
     assert "no mde: the tests hold 1 seed, and a seed spread needs 2" in text
 
 
+def test_the_pilot_pooling_note_names_each_recipe_key_the_pilot_trained_otherwise(tmp_path):
+    """Review 2026-11-30 (design): the ViT's pilot trained 300 epochs under precision auto and the main run 500 under
+    bf16; the declared test gave the pilot's spread as the power figure's without a word of it. The note names every
+    recipe key whose values differ between the two (the seeds, the lr, the sizes and noise levels it reports
+    already, and a size that follows the width, aside) and a key only one of them records."""
+    from analysis.design.plan import pooling_note
+
+    pilot = load_runs(write_pilot(tmp_path / "pilot", lrs=(0.02,), sizes=(8192,), seeds=(0, 1, 2)))
+    main = load_runs(write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5)))
+    assert "trained otherwise" not in pooling_note(pilot, main, 3)
+    main["trainer.max_epochs"] = 500
+    main = _with_config_column(main.assign(**{"model.attention": "sdpa"}), "model.attention")
+    text = pooling_note(pilot, main, 3)
+    assert "The pilot trained otherwise than the main run in trainer.max_epochs (300 -> 500)" in text
+    assert "model.attention (not recorded -> sdpa)" in text and "seed" not in text.split("trained otherwise")[1]
+
+
 def test_a_single_lr_pilot_at_another_lr_than_the_main_runs_is_refused(tmp_path):
     """A pilot that tried one lr, not the main run's, gave the power figure another recipe's spread, and the pooling
     note said it was "at the main run's lr": the refusal that a several-lr pilot gets (``pilot_at_main_lr``) was

@@ -6,11 +6,11 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from analysis.design.grid import LR, NOISE, SEED, curve_keys
+from analysis.design.grid import LR, NOISE, SEED, curve_keys, follows
 from analysis.design.power import spread
 from analysis.design.thresholds import _flagged, threshold, thresholds
 from analysis.double_descent import width_column
-from analysis.frames import _norm, completed_only, require_columns
+from analysis.frames import _norm, completed_only, recipe_columns, require_columns
 from analysis.load import load_runs
 
 
@@ -154,6 +154,30 @@ def pilot_at_main_lr(pilot: pd.DataFrame, main_runs: pd.DataFrame, tol: float = 
     return pilot[np.isclose(pilot[LR].astype(float), lr)]
 
 
+def recipe_departures(pilot: pd.DataFrame, main_runs: pd.DataFrame) -> str:
+    """``key (pilot's values -> main run's)`` for each recipe key whose values differ between the two (review
+    2026-11-30: the ViT's pilot trained 300 epochs under precision auto, the main run 500 under bf16), or "" when none
+    does. The seed, the lr (``pilot_at_main_lr``), the training-set sizes and noise levels (the pooling note's own
+    lines), the width, and a size that follows the width in both (a ViT's MLP size) aside."""
+    width = width_column(main_runs)
+    skip = (SEED, LR, "dataset.n_train", NOISE, width)
+    ours, theirs = recipe_columns(pilot, skip), recipe_columns(main_runs, skip)
+
+    def spelled(df: pd.DataFrame, key: str) -> str:
+        if key not in df:
+            return "not recorded"
+        vals = sorted({_norm(v) for v in df[key]}, key=str)
+        return ", ".join("null" if v == "nan" else f"{v:g}" if isinstance(v, float) else str(v) for v in vals)
+
+    parts = []
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        a, b = spelled(pilot, key), spelled(main_runs, key)
+        if a != b and not (key in pilot and key in main_runs and width in pilot
+                           and follows(pilot, key, width) and follows(main_runs, key, width)):
+            parts.append(f"{key} ({a} -> {b})")
+    return "; ".join(parts)
+
+
 def pooling_note(pilot: pd.DataFrame, main_runs: pd.DataFrame, seeds: int, tol: float = 0.01,
                  rule: str = "critical") -> str:
     """What the power figure's pilot spread pools (``pilot``: the pilot at the main run's lr, as
@@ -179,6 +203,10 @@ def pooling_note(pilot: pd.DataFrame, main_runs: pd.DataFrame, seeds: int, tol: 
     text = ("\nPilot pooling (the rule in force before the main runs, `pilot_at_main_lr`: the pilot's finished, "
             "unflagged runs at the main run's lr, every training-set size and noise level pooled; kept as "
             "declared): " + "; ".join(parts) + ".")
+    otherwise = recipe_departures(done, main_runs)
+    if otherwise:
+        text += (f" The pilot trained otherwise than the main run in {otherwise}: the power figure takes the spread of "
+                 "the pilot's recipe as the main run's.")
     sizes = values(done, "dataset.n_train")
     if len(sizes) > 1:
         alone = []
