@@ -1477,6 +1477,19 @@ def test_the_pilot_pooling_note_names_each_recipe_key_the_pilot_trained_otherwis
     assert "model.attention (not recorded -> sdpa)" in text and "seed" not in text.split("trained otherwise")[1]
 
 
+def test_the_pilot_pooling_note_counts_the_runs_the_spread_leaves_out(tmp_path):
+    """Review 2026-11-30 (design): 16 of the ViT pilot's 48 runs were stopped before they finished, and the spread
+    reads finished runs only; which runs a stop catches (the slow ones) need not be random, so the note counts them."""
+    from analysis.design.plan import pooling_note
+
+    pilot = load_runs(write_pilot(tmp_path / "pilot", lrs=(0.02,), sizes=(8192,), seeds=(0, 1, 2)))
+    main = load_runs(write_pilot(tmp_path / "main", lrs=(0.02,), sizes=(8192,), seeds=(3, 4, 5)))
+    pilot.loc[pilot.index[:3], "status"] = ["stopped", "stopped", "failed"]
+    text = pooling_note(pilot, main, 3)
+    n = len(pilot)
+    assert f"The spread reads {n - 3} of the pilot's {n} runs at that lr (3 left out: 2 stopped, 1 failed)" in text
+
+
 def test_a_single_lr_pilot_at_another_lr_than_the_main_runs_is_refused(tmp_path):
     """A pilot that tried one lr, not the main run's, gave the power figure another recipe's spread, and the pooling
     note said it was "at the main run's lr": the refusal that a several-lr pilot gets (``pilot_at_main_lr``) was

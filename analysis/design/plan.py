@@ -203,6 +203,12 @@ def pooling_note(pilot: pd.DataFrame, main_runs: pd.DataFrame, seeds: int, tol: 
     text = ("\nPilot pooling (the rule in force before the main runs, `pilot_at_main_lr`: the pilot's finished, "
             "unflagged runs at the main run's lr, every training-set size and noise level pooled; kept as "
             "declared): " + "; ".join(parts) + ".")
+    if len(done) < len(pilot):  # which runs a stop catches (the slow ones) need not be random: say how many
+        left = pilot.loc[~pilot.index.isin(done.index)]
+        why = left["status"].where(left["status"] != "completed", "flagged (collapsed or stalled)").fillna("unknown")
+        counts = sorted(why.value_counts().items(), key=lambda kv: (-kv[1], kv[0]))
+        text += (f" The spread reads {len(done)} of the pilot's {len(pilot)} runs at that lr ({len(left)} left out: "
+                 + ", ".join(f"{n} {s}" for s, n in counts) + ").")
     otherwise = recipe_departures(done, main_runs)
     if otherwise:
         text += (f" The pilot trained otherwise than the main run in {otherwise}: the power figure takes the spread of "
