@@ -54,7 +54,10 @@ finished runs outside the grid their study declared. A finished run with no test
 the verdict inconclusive (``unscored``): it is not a seed to drop. Mixes the test does not refuse are named after
 its table: precisions (``precision_note``) and machines (``machine_note``: CPU or GPU models of one device type,
 from the summaries' ``machines``). The power figure's pilot sd is printed with its 95% interval,
-and each curve's own contrast sd beside it (an observation: the power was declared from the pilot's).
+and each curve's own contrast sd beside it (an observation: the power was declared from the pilot's). The pilot
+pooling note (``pooling_note``) says what that sd pools: the training-set sizes and noise levels, how many of the
+pilot's runs at the main run's lr it reads (a stop catches the slow runs, not a random draw), and each recipe key the
+pilot trained otherwise than the main run (``recipe_departures``: its epochs, precision, stop rule).
 
 A fixed-budget arm whose sweep trained only the runs the convergence rule ended early names the convergence arm's
 sweeps with ``--capped-from``: their runs that reached the same cap stand for the rest of its grid (``with_capped``).
