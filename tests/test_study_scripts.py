@@ -252,6 +252,16 @@ def test_the_attention_design_row_says_seed_0_was_seen_before_the_declaration():
     assert "seed 0 was seen before the declaration" in row.lower()
     assert "seeds 1 and 2 alone" in row
 
+
+def test_the_attention_distance_paragraph_reads_locality_against_the_query_independent_reference():
+    """Below uniform attention is not "towards their neighbours": a head attending to the same central patches from
+    every query lies there too (tests/test_attention.py). The report's paragraph reads the distances against the
+    query-independent reference, not the uniform line alone."""
+    text = (STUDIES / "attention" / "report.md").read_text()
+    para = next(p for p in text.split("\n\n") if p.startswith("**Mean attention distance.**"))
+    assert "query-independent" in para
+    assert "px: the patch tokens lean slightly towards their neighbours" not in para.replace("\n", " ")  # the claim
+
 # --- vit_vs_cnn -------------------------------------------------------------------------------------------------------
 
 BN_LINE = re.compile(r"(?P<label>.+): train acc (?P<train>\d\.\d{4}), test acc (?P<test>\d\.\d{4}); "
