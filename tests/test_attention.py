@@ -208,3 +208,49 @@ def test_shown_images_take_turns_over_the_classes():
     assert spread_over_classes(labels, 4).tolist() == [0, 3, 1, 4]
     assert spread_over_classes(torch.tensor([7, 2, 1, 0, 4]), 3).tolist() == [0, 1, 2]  # mixed: the first N
     assert first_per_class(labels, 2).tolist() == [0, 1, 3, 4]
+
+
+def test_attention_to_central_patches_from_every_query_does_not_read_as_local():
+    """A head that attends to the same central patches whatever the query (no locality at all) has a mean distance
+    below uniform attention's (14.66 against 16.55 px on the 8 x 8 grid of 4 px patches): below the uniform line is
+    not "local". The locality reference is the same head's attention made query-independent (each image's mean
+    attention over the queries, seen from every query): a head reads as local only below that."""
+    g, n = 8, 64
+    central = torch.zeros(g, g)
+    central[1:7, 1:7] = 1
+    fixed = torch.zeros(1, 1, n + 1, n + 1)
+    fixed[..., 0, 0] = 1
+    fixed[0, 0, 1:, 1:] = central.flatten() / central.sum()  # every query: the same 36 central patches
+    d = maps.mean_attention_distance([fixed], patch_size=4)
+    assert d[0, 0] < maps.uniform_attention_distance(g, 4) - 1.5  # the uniform line would call it local
+    torch.testing.assert_close(maps.query_independent_distance([fixed], patch_size=4), d)  # not local: equal
+
+    self_only = torch.zeros(1, 1, n + 1, n + 1)
+    self_only[..., 0, 0] = 1
+    self_only[0, 0, 1:, 1:] = torch.eye(n)  # every query on its own patch: local, every key attended once
+    ref = maps.query_independent_distance([self_only], patch_size=4)
+    torch.testing.assert_close(ref[0, 0], torch.tensor(maps.uniform_attention_distance(g, 4)))
+    assert maps.mean_attention_distance([self_only], patch_size=4)[0, 0] == 0
+
+
+def test_tool_writes_and_draws_the_query_independent_reference(vit_run, tmp_path, monkeypatch):
+    """attention.npz holds the locality reference beside the distances, computed on the same images, and the
+    distance figure draws it per layer (the uniform line alone reads attention to the digit's centre as local)."""
+    from src.attention import plots
+    from src.attention.tool import first_per_class, load_test_split, normalise
+
+    seen = {}
+    save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: seen.setdefault(out.name, fig) and save(fig, out))
+    run(vit_run, images=1, per_class=3, out=tmp_path)
+    z = np.load(tmp_path / "attention.npz")
+    model, ckpt = load_model(vit_run)
+    raw, labels, _ = load_test_split(vit_run)
+    _, attns = attention_maps(model, normalise(raw[first_per_class(labels, 3)], ckpt))
+    np.testing.assert_allclose(z["query_independent_distance"], maps.query_independent_distance(attns, 4).numpy(),
+                               rtol=1e-4)
+    np.testing.assert_allclose(z["mean_distance"], maps.mean_attention_distance(attns, 4).numpy(), rtol=1e-4)
+    ax = seen["attention_distance.png"].axes[0]
+    drawn = [line for line in ax.get_lines() if line.get_label() == "query-independent reference"]
+    assert len(drawn) == 1
+    np.testing.assert_allclose(drawn[0].get_ydata(), z["query_independent_distance"].mean(1), rtol=1e-5)

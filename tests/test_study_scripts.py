@@ -237,6 +237,31 @@ def test_the_attention_reports_verdict_says_what_its_declared_test_prints():
     assert printed.keys() == names.keys() and printed == said
 
 
+
+def test_the_attention_design_row_says_seed_0_was_seen_before_the_declaration():
+    """The declared 3-seed test's seed-0 (4, 3) run is the `cpu` scale's run, number for number, and that run had been
+    analysed when the test was declared (the header cites its 0.70 against 0.46): the report's design row must say
+    so, with the test on the seeds that were not seen."""
+    analysis = STUDIES / "attention" / "analysis"
+    cols = ["layer", "ink_corr", "ink_share", "mean_distance_px", "eff_patches"]
+    seen = pd.read_csv(analysis / "attention_stats.csv").query("run == 'h4_d3'")[cols].reset_index(drop=True)
+    seed0 = pd.read_csv(analysis / "seeds" / "attention_stats.csv").query("run == 'h4_d3_s0'")[cols]
+    pd.testing.assert_frame_equal(seen, seed0.reset_index(drop=True))
+    row = next(line for line in (STUDIES / "attention" / "report.md").read_text().splitlines()
+               if line.startswith("| **Design"))
+    assert "seed 0 was seen before the declaration" in row.lower()
+    assert "seeds 1 and 2 alone" in row
+
+
+def test_the_attention_distance_paragraph_reads_locality_against_the_query_independent_reference():
+    """Below uniform attention is not "towards their neighbours": a head attending to the same central patches from
+    every query lies there too (tests/test_attention.py). The report's paragraph reads the distances against the
+    query-independent reference, not the uniform line alone."""
+    text = (STUDIES / "attention" / "report.md").read_text()
+    para = next(p for p in text.split("\n\n") if p.startswith("**Mean attention distance.**"))
+    assert "query-independent" in para
+    assert "px: the patch tokens lean slightly towards their neighbours" not in para.replace("\n", " ")  # the claim
+
 # --- vit_vs_cnn -------------------------------------------------------------------------------------------------------
 
 BN_LINE = re.compile(r"(?P<label>.+): train acc (?P<train>\d\.\d{4}), test acc (?P<test>\d\.\d{4}); "

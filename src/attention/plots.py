@@ -74,9 +74,12 @@ def plot_heads(raw: torch.Tensor, cls: torch.Tensor, index: int, out: Path, name
     return save_figure(fig, out)
 
 
-def plot_distance(dist: torch.Tensor, image_size: int, out: Path, uniform: float | None = None) -> Path:
+def plot_distance(dist: torch.Tensor, image_size: int, out: Path, uniform: float | None = None,
+                  reference: torch.Tensor | None = None) -> Path:
     """Mean attention distance per layer and head; ``uniform`` (the distance of evenly spread attention) is drawn
-    as the reference: heads well below it attend locally, heads near it globally."""
+    for scale, and ``reference`` (layers, heads), the same heads' attention made query-independent
+    (``maps.query_independent_distance``), as the locality reference per layer: a layer reads as local only below
+    it (below ``uniform`` alone it may just attend to the image's centre from everywhere)."""
     layers = np.arange(1, dist.shape[0] + 1)
     fig, ax = plt.subplots(figsize=(5.5, 4))
     if uniform is not None:
@@ -84,6 +87,8 @@ def plot_distance(dist: torch.Tensor, image_size: int, out: Path, uniform: float
     for h in range(dist.shape[1]):
         ax.scatter(layers, dist[:, h].cpu().numpy(), s=12, color="C0", alpha=0.5, label="one head" if h == 0 else None)
     ax.plot(layers, dist.mean(1).cpu().numpy(), "o-", color="C1", label="mean over heads")
+    if reference is not None:
+        ax.plot(layers, reference.mean(1).cpu().numpy(), "s:", color="C2", label="query-independent reference")
     ax.set(xlabel="layer (network depth)", ylabel="mean attention distance (pixels)", ylim=(0, image_size),
            title="mean attention distance per layer")
     ax.set_xticks(layers)

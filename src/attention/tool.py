@@ -92,15 +92,17 @@ def spread_over_classes(labels: torch.Tensor, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def summarise(model, raw: torch.Tensor, ckpt: dict, patch_size: int, batch: int = 256, device: str = "cpu"):
-    """Head-mean CLS attention (layers, B, g, g), rollout (B, g, g) and the mean attention distance
-    (layers, heads) of ``raw`` images, in batches so that the full attention tensors stay small."""
-    cls, roll, dist = [], [], 0.0
+    """Head-mean CLS attention (layers, B, g, g), rollout (B, g, g), the mean attention distance (layers, heads)
+    and its query-independent reference (layers, heads) of ``raw`` images, in batches so that the full attention
+    tensors stay small."""
+    cls, roll, dist, ref = [], [], 0.0, 0.0
     for i in range(0, len(raw), batch):
         _, attns = attention_maps(model, normalise(raw[i:i + batch], ckpt).to(device))
         cls.append(maps.cls_attention(attns).mean(2).cpu())
         roll.append(maps.attention_rollout(attns).cpu())
         dist = dist + maps.mean_attention_distance(attns, patch_size).cpu() * len(attns[0])
-    return torch.cat(cls, 1), torch.cat(roll), dist / len(raw)
+        ref = ref + maps.query_independent_distance(attns, patch_size).cpu() * len(attns[0])
+    return torch.cat(cls, 1), torch.cat(roll), dist / len(raw), ref / len(raw)
 
 
 def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bool = False,
@@ -127,7 +129,7 @@ def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bo
 
     idx = first_per_class(labels_all, per_class)
     k = len(names)
-    c_cls, c_roll, dist = summarise(model, raw_all[idx], ckpt, patch, device=device)
+    c_cls, c_roll, dist, ref = summarise(model, raw_all[idx], ckpt, patch, device=device)
     lab = labels_all[idx]
     mean_cls, counts = maps.class_means(c_cls.transpose(0, 1), lab, k)  # (K, layers, g, g)
     mean_roll, _ = maps.class_means(c_roll, lab, k)
@@ -139,13 +141,14 @@ def run(run_dir: str | Path, images: int = 8, per_class: int = 100, per_head: bo
         out / "cls_attention_class_mean.png",
         f"class-mean CLS attention (mean over heads and up to {per_class} test images per class) and rollout"))
     uniform = maps.uniform_attention_distance(side // patch, patch)
-    written.append(plots.plot_distance(dist, side, out / "attention_distance.png", uniform))
+    written.append(plots.plot_distance(dist, side, out / "attention_distance.png", uniform, ref))
     sim = maps.position_similarity(model.pos_embed)
     written.append(plots.plot_position_similarity(sim, out / "position_similarity.png"))
     npz = out / "attention.npz"
     np.savez_compressed(npz, class_names=np.array(names), class_counts=counts.numpy(),
                         class_mean_cls=mean_cls.numpy(), class_mean_rollout=mean_roll.numpy(),
-                        mean_distance=dist.numpy(), uniform_distance=uniform, position_similarity=sim.numpy())
+                        mean_distance=dist.numpy(), uniform_distance=uniform, query_independent_distance=ref.numpy(),
+                        position_similarity=sim.numpy())
     return [*written, npz]
 
 
