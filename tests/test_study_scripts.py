@@ -262,6 +262,7 @@ def test_the_attention_distance_paragraph_reads_locality_against_the_query_indep
     assert "query-independent" in para
     assert "px: the patch tokens lean slightly towards their neighbours" not in para.replace("\n", " ")  # the claim
 
+
 # --- vit_vs_cnn -------------------------------------------------------------------------------------------------------
 
 BN_LINE = re.compile(r"(?P<label>.+): train acc (?P<train>\d\.\d{4}), test acc (?P<test>\d\.\d{4}); "
