@@ -117,6 +117,20 @@ def test_the_main_run_is_chosen_by_the_declared_rules(tmp_path):
     assert over[0] == "optimizer.lr=0.05" and "dataset.n_train=8192" in over and over[-1] == "seed=choice(0,1,2)"
 
 
+def test_the_plans_pilot_curves_count_a_rerun_seed_once(tmp_path):
+    """Review 2026-11-30 (design): the plan's pilot-curves table took its mean and sd over runs, so a (curve, width,
+    seed) run twice counted as two seeds; each seed's runs are averaged first, as in ``spread``."""
+    root = write_pilot(tmp_path, lrs=(0.02,), sizes=(8192,), seeds=(0, 1))
+    write_run(root, 1000, cnn_config(0, 6, 0.02, 8192), {"status": "completed", "stop_reason": "converged",
+                                                          "train_error": 0.05, "test_error": 0.9})
+    df = load_runs(root)
+    at6 = df[df["model.width"] == 6].sort_values("seed")
+    seed_means = at6.groupby("seed")["test_error"].mean()
+    row = design.plan([str(root)], tol=0.01, seeds=[3], effect=0.05)["curves"].set_index("model.width").loc[6]
+    assert (row["seeds"], row["runs"]) == (2, 3)
+    assert row["test_mean"] == pytest.approx(seed_means.mean()) and row["test_sd"] == pytest.approx(seed_means.std())
+
+
 def test_a_real_peak_at_the_threshold_is_reproduced_and_a_flat_curve_with_power_is_not(tmp_path):
     df = load_runs(write_pilot(tmp_path / "a", seeds=(0, 1, 2, 3), lrs=(0.02,), sizes=(8192,)))
     (test,) = design.peak_tests(df, pilot_sd=0.015, effect=0.05)

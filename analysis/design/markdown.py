@@ -33,7 +33,8 @@ def plan_markdown(p: dict) -> str:
     lines += ["", f"Published effect taken as {p['effect']:.3f}.", "", "### Suggested main grids", ""]
     lines += [f"- {k}: {', '.join(f'{w:g}' for w in g) or 'no threshold in the pilot grid'}"
               for k, g in p["grids"].items()]
-    lines += ["", "### Pilot curves (observations, finished runs: the declared test runs on the main run's seeds)", "",
+    lines += ["", "### Pilot curves (observations, finished runs, a rerun seed counted once at its runs' mean: the "
+              "declared test runs on the main run's seeds)", "",
               to_markdown(p["curves"])]
     return "\n".join(lines) + "\n"
 

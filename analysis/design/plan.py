@@ -118,9 +118,13 @@ def plan(paths: list[str], tol: float, seeds: list[int], effect: float, rule: st
     th = thresholds(at, width, tol)
     keys = [*curve_keys(df), NOISE, width]
     done = completed_only(df, "plan")
-    curves = (done.groupby(keys, dropna=False).agg(runs=("train_error", "size"), train_mean=("train_error", "mean"),
-                                                    test_mean=("test_error", "mean"), test_sd=("test_error", "std"))
-              .reset_index())
+    # a seed run twice (a rerun) is one seed at the mean of its runs, as in ``spread``: means and sd over seeds
+    per_seed = (done.groupby([*keys, SEED], dropna=False)
+                .agg(runs=("train_error", "size"), train_error=("train_error", "mean"),
+                     test_error=("test_error", "mean")).reset_index())
+    curves = (per_seed.groupby(keys, dropna=False)
+              .agg(seeds=(SEED, "size"), runs=("runs", "sum"), train_mean=("train_error", "mean"),
+                   test_mean=("test_error", "mean"), test_sd=("test_error", "std")).reset_index())
     heads = df["model.heads"].dropna().unique() if width == "model.dim" and "model.heads" in df else []
     return {"width": width, "lr": lr, "lr_table": lr_table, "curves": curves, "thresholds": th,
             "pilot_seeds": tuple(sorted(df[SEED].dropna().unique())) if SEED in df else (),
