@@ -122,7 +122,8 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
     regime where the model interpolates its training set (4.1). A size enters a group's fit only when every run of
     the group at that size completed with a train error at most ``tol`` and none is flagged stalled or collapsed (a
     run with no train error, or one that did not complete, cannot show that its seed interpolated: it fails the
-    size; so does a seed of the group, one of those ``seed_col`` holds at any of its sizes, with no run at the size);
+    size; so does a seed of the group, one of those ``seed_col`` holds at any of its sizes, with no run at the size,
+    and a size another group has, inside this group's smallest to largest size, where this group has no run at all);
     the range is the sizes that pass, from the largest down to the first that fails (a fit over a gap would mix
     regimes).
 
@@ -149,6 +150,17 @@ def overfitting_regime(df: pd.DataFrame, x: str = "dataset.n_train", by: list[st
         seeds = d.assign(_expected=expected).groupby(keys, dropna=False).agg(
             present=(seed_col, "nunique"), expected=("_expected", "max"))
         table["missing_seeds"] = (seeds["expected"] - seeds["present"]).to_numpy()
+    if by:  # a size another group has, inside this group's own span, where the group has no run: every seed missing
+        sizes = np.sort(table[x].unique())
+        absent = []
+        for key, g in d.groupby(by, dropna=False):
+            key = key if isinstance(key, tuple) else (key,)
+            lo, hi, have = g[x].min(), g[x].max(), set(g[x])
+            seeds = g[seed_col].nunique() if seed_col and seed_col in df.columns else 0
+            absent += [{**dict(zip(by, key, strict=True)), x: n, "runs": 0, "max_train_error": np.nan, "flagged": 0,
+                        "unfit": 0, "missing_seeds": seeds} for n in sizes if lo < n < hi and n not in have]
+        if absent:
+            table = pd.concat([table, pd.DataFrame(absent)], ignore_index=True).sort_values(keys, ignore_index=True)
     table["passes"] = ((table["max_train_error"] <= tol) & (table["flagged"] == 0) & (table["unfit"] == 0)
                        & (table["missing_seeds"] == 0))
     table["in_range"] = False

@@ -633,6 +633,30 @@ def test_a_size_where_a_seed_has_no_run_at_all_is_outside_the_fit_range():
     assert not row["in_range"] and row["missing_seeds"] == 3
 
 
+def test_a_size_where_a_group_has_no_run_at_all_is_outside_the_fit_range():
+    """Review finding (2026-11-30): a size where one seed has no run failed the rule, but a size where every seed of
+    the group has none was absent from the table and so never failed: the range ran from the largest size down across
+    the gap (arch a lacked 512, which arch b ran, and its fit took 128-256 below it). A size another group of the
+    frame has, inside the group's own span, is a size the group lacks: it fails, with runs 0 and every seed
+    missing."""
+    from analysis.fits import overfitting_regime
+
+    rows = pd.DataFrame([{"arch": arch, "dataset.n_train": n, "seed": s, "train_error": 0.0, "test_error": 0.1,
+                          "status": "completed"} for arch in ("a", "b") for n in (128, 256, 512, 1024, 2048)
+                         for s in range(4) if arch == "b" or n != 512])
+    kept, table = overfitting_regime(rows, by="arch")
+    assert sorted(kept.loc[kept.arch == "a", "dataset.n_train"].unique()) == [1024, 2048]
+    assert sorted(kept.loc[kept.arch == "b", "dataset.n_train"].unique()) == [128, 256, 512, 1024, 2048]
+    row = table.set_index(["arch", "dataset.n_train"]).loc[("a", 512)]
+    assert not row["in_range"] and row["runs"] == 0 and row["missing_seeds"] == 4
+    # a size beyond the group's own span is another grid, not a gap: b alone at 4096 leaves a's range as it was
+    more = pd.concat([rows, rows[(rows.arch == "b") & (rows["dataset.n_train"] == 2048)].assign(
+        **{"dataset.n_train": 4096})], ignore_index=True)
+    kept, table = overfitting_regime(more, by="arch")
+    assert sorted(kept.loc[kept.arch == "a", "dataset.n_train"].unique()) == [1024, 2048]
+    assert ("a", 4096) not in set(zip(table["arch"], table["dataset.n_train"], strict=True))
+
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "docs" / "studies"
 
