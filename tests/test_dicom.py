@@ -269,3 +269,28 @@ def test_decode_workers_stop_when_the_process_building_the_cache_dies(tmp_path):
                         "pool.submit(os.getpid).result()\n"  # the workers are up
                         "os._exit(9)\n")
     wait_until_gone(marked, "the orphaned decode workers to stop")
+
+
+def test_window_with_negative_rescale_slope_keeps_high_modality_values_bright(tmp_path):
+    # PS3.3 C.11.2.1.2: values below the window map to the minimum output, above it to the maximum, whatever the
+    # sign of RescaleSlope; a window covering the whole modality range must display like no window at all
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    def write(name, **tags):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1.2", generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
+        ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 12)
+        for key, value in tags.items():
+            setattr(ds, key, value)
+        ds.save_as(tmp_path / name, enforce_file_format=True)
+        return tmp_path / name
+
+    rescale = dict(RescaleSlope=-1, RescaleIntercept=4095)  # modality = 4095 - stored: 4095, 3095, ..., 0
+    plain, _ = read_dicom(write("plain.dcm", **rescale))
+    windowed, _ = read_dicom(write("window.dcm", WindowCenter=2048, WindowWidth=4096, **rescale))
+    np.testing.assert_allclose(plain, [[1.0, 3095 / 4095, 2095 / 4095, 1095 / 4095, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(windowed, plain, atol=1e-3)

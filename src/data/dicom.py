@@ -87,7 +87,11 @@ def read_dicom(path: str | Path) -> tuple[np.ndarray, str | None]:
 
 
 def _voi_output_range(ds) -> tuple[float, float] | None:
-    """Range of the values apply_voi_lut produces for ``ds`` (None when no VOI is present)."""
+    """(output for values below the window, output for values above it) of apply_voi_lut for ``ds``.
+
+    None when no VOI is present. For a window it is pydicom's (y_min, y_max), which a negative RescaleSlope
+    reverses (y_min > y_max): it is not sorted, so values above the window still become 1 (PS3.3 C.11.2.1.2).
+    """
     if ds.get("VOILUTSequence"):
         lut = np.asarray(ds.VOILUTSequence[0].LUTData, dtype=np.float64)
         return float(lut.min()), float(lut.max())
@@ -102,7 +106,7 @@ def _voi_output_range(ds) -> tuple[float, float] | None:
         lo, hi = -(2.0 ** (int(ds.BitsStored) - 1)), 2.0 ** (int(ds.BitsStored) - 1) - 1
     if "RescaleSlope" in ds and "RescaleIntercept" in ds and not ds.get("ModalityLUTSequence"):
         slope, icpt = float(ds.RescaleSlope), float(ds.RescaleIntercept)
-        lo, hi = sorted((lo * slope + icpt, hi * slope + icpt))
+        lo, hi = lo * slope + icpt, hi * slope + icpt
     return lo, hi
 
 
@@ -115,7 +119,8 @@ def to_unit_float(stored: np.ndarray, ds, apply_modality_lut, apply_voi_lut) -> 
         lo, hi = voi_range
     else:
         lo, hi = float(x.min()), float(x.max())  # no VOI: stretch the image's own range
-    x = (np.asarray(x, dtype=np.float32) - lo) / max(hi - lo, 1e-12)
+    span = hi - lo  # negative for a window under a negative RescaleSlope (see _voi_output_range)
+    x = (np.asarray(x, dtype=np.float32) - lo) / (span if abs(span) > 1e-12 else 1e-12)
     np.clip(x, 0.0, 1.0, out=x)
     if str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper() == "MONOCHROME1":
         x = 1.0 - x

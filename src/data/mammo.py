@@ -37,7 +37,7 @@ from src.data import sources
 from src.data.dicom import DicomError, preprocess
 from src.data.splits import DataSplits
 
-CACHE_VERSION = 1  # bump when preprocessing changes in a way the settings do not capture
+CACHE_VERSION = 2  # bump when preprocessing changes in a way the settings do not capture
 RSNA_COLUMNS = ("patient_id", "image_id", "laterality", "cancer")
 BALANCE = ("none", "pos_weight", "sampler")
 
