@@ -294,3 +294,27 @@ def test_window_with_negative_rescale_slope_keeps_high_modality_values_bright(tm
     windowed, _ = read_dicom(write("window.dcm", WindowCenter=2048, WindowWidth=4096, **rescale))
     np.testing.assert_allclose(plain, [[1.0, 3095 / 4095, 2095 / 4095, 1095 / 4095, 0.0]], atol=1e-6)
     np.testing.assert_allclose(windowed, plain, atol=1e-3)
+
+
+def test_voi_lut_with_ow_lut_data_decodes(tmp_path):
+    # LUT Data (0028,3006) is US or OW; stored as OW pydicom hands it back as bytes, which apply_voi_lut parses
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    lut_values = np.round(np.linspace(0, 65535, 4096)).astype(np.uint16)
+    images = []
+    for vr, value in (("US", [int(v) for v in lut_values]), ("OW", lut_values.astype("<u2").tobytes())):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1.2", generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
+        ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 12)
+        item = Dataset()
+        item.LUTDescriptor = [4096, 0, 16]
+        item.add_new(0x00283006, vr, value)
+        ds.VOILUTSequence = [item]
+        ds.save_as(tmp_path / f"{vr}.dcm", enforce_file_format=True)
+        images.append(read_dicom(tmp_path / f"{vr}.dcm")[0])
+    np.testing.assert_allclose(images[0], [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-4)
+    np.testing.assert_array_equal(images[1], images[0])

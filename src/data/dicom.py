@@ -93,7 +93,11 @@ def _voi_output_range(ds) -> tuple[float, float] | None:
     reverses (y_min > y_max): it is not sorted, so values above the window still become 1 (PS3.3 C.11.2.1.2).
     """
     if ds.get("VOILUTSequence"):
-        lut = np.asarray(ds.VOILUTSequence[0].LUTData, dtype=np.float64)
+        from pydicom.pixels.processing import apply_voi
+
+        # the LUT's entries as pydicom reads them (LUT Data may be US or OW bytes): look up every mapped input
+        entries, first = ds.VOILUTSequence[0].LUTDescriptor[:2]
+        lut = apply_voi(np.arange(int(first), int(first) + (int(entries) or 2**16)), ds)
         return float(lut.min()), float(lut.max())
     if "WindowCenter" not in ds or "WindowWidth" not in ds:
         return None
