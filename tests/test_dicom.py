@@ -318,3 +318,22 @@ def test_voi_lut_with_ow_lut_data_decodes(tmp_path):
         images.append(read_dicom(tmp_path / f"{vr}.dcm")[0])
     np.testing.assert_allclose(images[0], [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-4)
     np.testing.assert_array_equal(images[1], images[0])
+
+
+def test_empty_window_elements_count_as_no_voi(tmp_path):
+    # Window Center/Width present but empty: pydicom's apply_voi_lut applies no VOI, so the image must be stretched
+    # over its own range (as without the elements), not divided by the 16-bit stored range
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1.2", generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
+    ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 16)
+    ds.add_new(0x00281050, "DS", None)  # Window Center, empty
+    ds.add_new(0x00281051, "DS", None)  # Window Width, empty
+    ds.save_as(tmp_path / "empty_window.dcm", enforce_file_format=True)
+    x, _ = read_dicom(tmp_path / "empty_window.dcm")
+    np.testing.assert_allclose(x, [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-6)

@@ -92,14 +92,16 @@ def _voi_output_range(ds) -> tuple[float, float] | None:
     None when no VOI is present. For a window it is pydicom's (y_min, y_max), which a negative RescaleSlope
     reverses (y_min > y_max): it is not sorted, so values above the window still become 1 (PS3.3 C.11.2.1.2).
     """
-    if ds.get("VOILUTSequence"):
+    # the same choice as apply_voi_lut: a LUT item with descriptor and data, else a window with both values
+    seq = ds.get("VOILUTSequence")
+    if seq and None not in (seq[0].get("LUTDescriptor"), seq[0].get("LUTData")):
         from pydicom.pixels.processing import apply_voi
 
         # the LUT's entries as pydicom reads them (LUT Data may be US or OW bytes): look up every mapped input
         entries, first = ds.VOILUTSequence[0].LUTDescriptor[:2]
         lut = apply_voi(np.arange(int(first), int(first) + (int(entries) or 2**16)), ds)
         return float(lut.min()), float(lut.max())
-    if "WindowCenter" not in ds or "WindowWidth" not in ds:
+    if ds.get("WindowCenter") is None or ds.get("WindowWidth") is None:  # absent or empty: no VOI is applied
         return None
     # the output range pydicom's apply_windowing maps the window onto
     if ds.get("ModalityLUTSequence"):
