@@ -382,7 +382,6 @@ def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs
     assert len(rows) == len(WIDTHS) and all(r.split("|")[3].strip() == "4" for r in rows)  # 4 seeds a width
 
 
-
 def test_a_fixed_budget_arm_whose_runs_so_far_share_one_width_reads_its_widths_from_both_arms(tmp_path):
     """Found starting the ViT's fixed-budget arm: with its first runs all at one dim, ``with_capped`` looked for the
     width column in that arm alone and raised "column 'model.width' not found" instead of "grid unfinished"; then it

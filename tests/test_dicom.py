@@ -271,58 +271,13 @@ def test_decode_workers_stop_when_the_process_building_the_cache_dies(tmp_path):
     wait_until_gone(marked, "the orphaned decode workers to stop")
 
 
-def test_window_with_negative_rescale_slope_keeps_high_modality_values_bright(tmp_path):
-    # PS3.3 C.11.2.1.2: values below the window map to the minimum output, above it to the maximum, whatever the
-    # sign of RescaleSlope; a window covering the whole modality range must display like no window at all
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
-
-    def write(name, **tags):
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1.2", generate_uid()
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds = Dataset()
-        ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
-        ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 12)
-        for key, value in tags.items():
-            setattr(ds, key, value)
-        ds.save_as(tmp_path / name, enforce_file_format=True)
-        return tmp_path / name
-
-    rescale = dict(RescaleSlope=-1, RescaleIntercept=4095)  # modality = 4095 - stored: 4095, 3095, ..., 0
-    plain, _ = read_dicom(write("plain.dcm", **rescale))
-    windowed, _ = read_dicom(write("window.dcm", WindowCenter=2048, WindowWidth=4096, **rescale))
-    np.testing.assert_allclose(plain, [[1.0, 3095 / 4095, 2095 / 4095, 1095 / 4095, 0.0]], atol=1e-6)
-    np.testing.assert_allclose(windowed, plain, atol=1e-3)
+RAMP = [[0, 1000, 2000, 3000, 4095]]  # stored values of the one-row images below
 
 
-def test_voi_lut_with_ow_lut_data_decodes(tmp_path):
-    # LUT Data (0028,3006) is US or OW; stored as OW pydicom hands it back as bytes, which apply_voi_lut parses
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
-
-    lut_values = np.round(np.linspace(0, 65535, 4096)).astype(np.uint16)
-    images = []
-    for vr, value in (("US", [int(v) for v in lut_values]), ("OW", lut_values.astype("<u2").tobytes())):
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1.2", generate_uid()
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds = Dataset()
-        ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
-        ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 12)
-        item = Dataset()
-        item.LUTDescriptor = [4096, 0, 16]
-        item.add_new(0x00283006, vr, value)
-        ds.VOILUTSequence = [item]
-        ds.save_as(tmp_path / f"{vr}.dcm", enforce_file_format=True)
-        images.append(read_dicom(tmp_path / f"{vr}.dcm")[0])
-    np.testing.assert_allclose(images[0], [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-4)
-    np.testing.assert_array_equal(images[1], images[0])
-
-
-def test_empty_window_elements_count_as_no_voi(tmp_path):
-    # Window Center/Width present but empty: pydicom's apply_voi_lut applies no VOI, so the image must be stretched
-    # over its own range (as without the elements), not divided by the 16-bit stored range
+def write_ramp(path, bits_stored=12, **elements):
+    """A one-row MG image of RAMP (MONOCHROME2, 16 bits allocated, ``bits_stored`` stored), uncompressed, with
+    ``elements`` set: a keyword's value, or (VR, value) to write the element as that VR (empty with None)."""
+    from pydicom.datadict import tag_for_keyword
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
@@ -331,9 +286,45 @@ def test_empty_window_elements_count_as_no_voi(tmp_path):
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta, ds.SOPClassUID, ds.Modality = meta, meta.MediaStorageSOPClassUID, "MG"
-    ds.set_pixel_data(np.array([[0, 1000, 2000, 3000, 4095]], dtype=np.uint16), "MONOCHROME2", 16)
-    ds.add_new(0x00281050, "DS", None)  # Window Center, empty
-    ds.add_new(0x00281051, "DS", None)  # Window Width, empty
-    ds.save_as(tmp_path / "empty_window.dcm", enforce_file_format=True)
-    x, _ = read_dicom(tmp_path / "empty_window.dcm")
+    ds.set_pixel_data(np.array(RAMP, dtype=np.uint16), "MONOCHROME2", bits_stored)
+    for key, value in elements.items():
+        if isinstance(value, tuple):
+            ds.add_new(tag_for_keyword(key), *value)
+        else:
+            setattr(ds, key, value)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_window_with_negative_rescale_slope_keeps_high_modality_values_bright(tmp_path):
+    # PS3.3 C.11.2.1.2: values below the window map to the minimum output, above it to the maximum, whatever the
+    # sign of RescaleSlope; a window covering the whole modality range must display like no window at all
+    rescale = dict(RescaleSlope=-1, RescaleIntercept=4095)  # modality = 4095 - stored: 4095, 3095, ..., 0
+    plain, _ = read_dicom(write_ramp(tmp_path / "plain.dcm", **rescale))
+    windowed, _ = read_dicom(write_ramp(tmp_path / "window.dcm", WindowCenter=2048, WindowWidth=4096, **rescale))
+    np.testing.assert_allclose(plain, [[1.0, 3095 / 4095, 2095 / 4095, 1095 / 4095, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(windowed, plain, atol=1e-3)
+
+
+def test_voi_lut_with_ow_lut_data_decodes(tmp_path):
+    # LUT Data (0028,3006) is US or OW; stored as OW pydicom hands it back as bytes, which apply_voi_lut parses
+    from pydicom.dataset import Dataset
+
+    lut_values = np.round(np.linspace(0, 65535, 4096)).astype(np.uint16)
+    images = []
+    for vr, value in (("US", [int(v) for v in lut_values]), ("OW", lut_values.astype("<u2").tobytes())):
+        item = Dataset()
+        item.LUTDescriptor = [4096, 0, 16]
+        item.add_new(0x00283006, vr, value)
+        images.append(read_dicom(write_ramp(tmp_path / f"{vr}.dcm", VOILUTSequence=[item]))[0])
+    np.testing.assert_allclose(images[0], [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-4)
+    np.testing.assert_array_equal(images[1], images[0])
+
+
+def test_empty_window_elements_count_as_no_voi(tmp_path):
+    # Window Center/Width present but empty: pydicom's apply_voi_lut applies no VOI, so the image must be stretched
+    # over its own range (as without the elements), not divided by the 16-bit stored range
+    path = write_ramp(tmp_path / "empty_window.dcm", bits_stored=16, WindowCenter=("DS", None),
+                      WindowWidth=("DS", None))
+    x, _ = read_dicom(path)
     np.testing.assert_allclose(x, [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-6)
