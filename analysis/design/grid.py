@@ -151,9 +151,8 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
             problems.append(f"{where}: runs of one width differ in " + "; ".join(
                 f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in mixed)
                 + " (another recipe: pass one study's sweep dirs)")
-        along = [k for k in fixed if k not in mixed and c[k].map(_norm).nunique() > 1
-                 and not (k.startswith("model.") and follows(c, k, width))]
-        if along:  # a model key may follow the width one-to-one (a ViT's MLP size); any other is the recipe's
+        along = [k for k in along_widths(c, fixed, width) if k not in mixed]
+        if along:
             problems.append(f"{where}: its widths differ in " + "; ".join(
                 f"{k} ({', '.join(sorted({str(v) for v in c[k].map(_norm)}))})" for k in along)
                 + " (a curve stitched from two recipes: pass one study's sweep dirs)")
@@ -178,6 +177,12 @@ def one_recipe(df: pd.DataFrame, width: str, grids: dict[tuple[str, str], dict])
     if problems:
         raise ValueError("the declared test reads one recipe's grid on one device, each run once: "
                          + "; ".join(problems))
+
+
+def along_widths(c: pd.DataFrame, keys: list[str], width: str) -> list[str]:
+    """The ``keys`` whose value differs between the widths of the curve ``c``: a curve stitched from two recipes. A
+    model key may follow the width one-to-one (``follows``: a ViT's MLP size); any other is the recipe's."""
+    return [k for k in keys if c[k].map(_norm).nunique() > 1 and not (k.startswith("model.") and follows(c, k, width))]
 
 
 def follows(c: pd.DataFrame, key: str, width: str) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from analysis.design.grid import NOISE, SEED, curve_keys, curve_name, follows
+from analysis.design.grid import NOISE, SEED, along_widths, curve_keys, curve_name
 from analysis.design.thresholds import _flagged, center, peak_contrast
 from analysis.double_descent import width_column
 from analysis.frames import _norm, _recipe_differences, completed_only, named_values, recipe_columns, require_one_recipe
@@ -226,8 +226,7 @@ def _one_recipe_per_curve(df: pd.DataFrame, width: str) -> None:
     require_one_recipe(df, [*keys, width], "spread")
     free = recipe_columns(df, [*keys, width, SEED])
     for key, c in df.groupby(keys, dropna=False, sort=True):
-        along = {k: sorted({str(v) for v in c[k].map(_norm)}) for k in free
-                 if c[k].map(_norm).nunique() > 1 and not (k.startswith("model.") and follows(c, k, width))}
+        along = {k: sorted({str(v) for v in c[k].map(_norm)}) for k in along_widths(c, free, width)}
         if along:
             raise ValueError(f"spread: the pilot's curve {curve_name(keys, key)}: its widths differ in "
                              f"{named_values(along)}: a curve stitched from two recipes, whose contrasts would span "
