@@ -10,7 +10,7 @@ import pytest
 pydicom = pytest.importorskip("pydicom", reason="needs the dicom extra: pip install 'vitsweep[dicom]'")
 
 from src.data import mammo  # noqa: E402
-from src.data.dicom import MissingDecoderError, preprocess, read_dicom  # noqa: E402
+from src.data.dicom import DicomError, MissingDecoderError, preprocess, read_dicom  # noqa: E402
 from src.data.synthetic_dicom import SQUARE_COLS, SQUARE_ROWS, available_syntaxes, make_rsna_tree, phantom, write_dicom  # noqa: E402
 
 SIZE = 32  # output pixels: small keeps the suite fast
@@ -328,3 +328,13 @@ def test_empty_window_elements_count_as_no_voi(tmp_path):
                       WindowWidth=("DS", None))
     x, _ = read_dicom(path)
     np.testing.assert_allclose(x, [[0.0, 1000 / 4095, 2000 / 4095, 3000 / 4095, 1.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("elements", [dict(RescaleSlope=("DS", None), RescaleIntercept=0),
+                                      dict(RescaleSlope=1, RescaleIntercept=("DS", None))])
+def test_an_empty_rescale_element_is_skipped_with_a_reason_that_names_it(tmp_path, elements):
+    # pydicom's modality transform multiplies by the empty value: the skip report read "TypeError: unsupported operand
+    # type(s) for *: 'float' and 'NoneType'", which names neither the element nor the file's fault
+    path = write_ramp(tmp_path / "empty_rescale.dcm", **elements)
+    with pytest.raises(DicomError, match=r"Rescale (Slope|Intercept) is present but empty"):
+        read_dicom(path)

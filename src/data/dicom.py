@@ -73,6 +73,9 @@ def read_dicom(path: str | Path) -> tuple[np.ndarray, str | None]:
     if tsyntax is None:
         raise DicomError("no Transfer Syntax UID in the file meta information")
     require_decoder(tsyntax)
+    for keyword, name in (("RescaleSlope", "Rescale Slope"), ("RescaleIntercept", "Rescale Intercept")):
+        if keyword in ds and ds[keyword].value in (None, ""):  # pydicom would multiply by None: a bare TypeError
+            raise DicomError(f"{name} is present but empty: the modality transform is undefined")
     frames = int(ds.get("NumberOfFrames") or 1)
     if frames != 1 or int(ds.get("SamplesPerPixel", 1)) != 1:
         raise DicomError(f"only single-frame greyscale images are supported (frames={frames}, "
