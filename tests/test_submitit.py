@@ -204,3 +204,22 @@ def test_a_time_out_that_submitit_did_not_requeue_is_a_job_that_died_and_is_retr
     assert timed_out.working_dir == "/sweep/7" and timed_out.hydra_cfg is not None  # the trial keeps its run dir
     error = SubmititBatches._result(None, _Done(failed(ValueError("a bug in the task"))), 7)
     assert isinstance(error._return_value, ValueError)  # the task's own error fails its trial, as before
+
+
+class _Launcher:
+    """The fields of a hydra-submitit-launcher launcher that `SubmititBatches._executor` reads."""
+
+    def __init__(self, kind, folder, **params):
+        self._EXECUTOR = kind
+        self.params = {"submitit_folder": str(folder), "timeout_min": 5, "tasks_per_node": 1, "nodes": 1, **params}
+
+
+def test_submitit_local_jobs_train_on_the_gpus_this_process_was_given(tmp_path, monkeypatch):
+    """submitit's LocalExecutor sets each job's CUDA_VISIBLE_DEVICES to 0..gpus_per_node-1 whatever this process's
+    own: a sweeper worker given GPU 1 (docs/slurm.md: under submitit_local "each worker's jobs inherit its share")
+    had its jobs train on GPU 0, beside the other worker's. The jobs now take their GPUs from this process's."""
+    from hydra_plugins.vitsweep_sweeper._submitit import SubmititBatches
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    executor = SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=1))._executor()
+    assert executor.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() == "1"  # os.getenv: pickled by name

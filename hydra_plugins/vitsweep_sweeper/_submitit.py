@@ -84,6 +84,8 @@ class SubmititBatches:
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{kind}_{k}": v for k, v in launcher.params.items()
                                       if k not in init_keys | {"submitit_folder"}})
+        if kind == "local" and (visible := _visible_gpus()):  # not an AutoExecutor key: the LocalExecutor's own
+            executor._executor.update_parameters(visible_gpus=visible)
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -131,6 +133,21 @@ class SubmititBatches:
             return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
                          f"({stopped}); its output: {job.paths.stdout}", ret)
         return ret
+
+
+def _visible_gpus() -> tuple[int, ...]:
+    """The GPUs of this process (CUDA_VISIBLE_DEVICES) for its submitit_local jobs: submitit's LocalExecutor gives
+    each job CUDA_VISIBLE_DEVICES=0..gpus_per_node-1 whatever this process's own (a sweeper worker's GPU, the
+    user's choice) unless told its `visible_gpus`, and then takes the first gpus_per_node of them."""
+    import os
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in (env or "").split(",") if g.strip()]
+    if not all(g.isdigit() for g in ids):
+        log.warning(f"CUDA_VISIBLE_DEVICES={env!r} does not name GPUs by index: submitit_local jobs get GPUs "
+                    "0..hydra.launcher.gpus_per_node-1")
+        return ()
+    return tuple(int(g) for g in ids)
 
 
 def _died(why: str, ret: JobReturn | None = None) -> JobReturn:
