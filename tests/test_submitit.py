@@ -128,6 +128,17 @@ def test_several_tasks_per_trial_are_refused_before_any_trial(tmp_path):
     assert not (tmp_path / ".submitit").exists()
 
 
+def test_a_launcher_key_submitit_does_not_take_is_refused_before_any_trial(tmp_path):
+    """A key added to hydra.launcher (`+hydra.launcher.cpus_per_gpu=1` under submitit_local, which has no such
+    setting) was refused by submitit only when the first batch was submitted: the sweep had claimed a trial by then
+    and died with it RUNNING in the study. It is refused now with the launcher's other checks, before any trial."""
+    proc = sweep(tmp_path, *LOCAL, "x=choice(0,1)", "+hydra.launcher.cpus_per_gpu=1", check=False)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "hydra.launcher.cpus_per_gpu" in err and "submitit_local" in err, err[-2000:]
+    assert not (tmp_path / "optuna.db").exists() or not load(tmp_path).trials
+
+
 def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
     """Under submitit_slurm the sweeper's workers set no OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES or pinning: sbatch
     would export them into the jobs, which get their own resources from SLURM."""

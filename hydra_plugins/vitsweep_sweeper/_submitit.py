@@ -47,9 +47,19 @@ def is_remote(config: Any) -> bool:
         ".LocalLauncher")
 
 
+INIT_KEYS = {"max_num_timeout", "submitit_folder"}  # given to submitit's executor when it is built, not as parameters
+
+
 def check(launcher: Any) -> None:
-    """Refuse what would break a promise of the sweeper, before any trial."""
+    """Refuse what would break a promise of the sweeper, or what submitit would refuse at the first batch, before
+    any trial."""
     params = launcher.params
+    unknown = sorted(k for k in _unknown_keys(launcher._EXECUTOR, params))
+    if unknown:
+        raise ValueError(
+            f"hydra.launcher.{', hydra.launcher.'.join(unknown)}: not a setting of submitit's '{launcher._EXECUTOR}' "
+            f"executor (hydra/launcher=submitit_{launcher._EXECUTOR}); submitit would refuse it at the first batch. "
+            f"Its settings: {', '.join(sorted(_valid_keys(launcher._EXECUTOR)))}")
     tasks = int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1)
     if tasks > 1:
         raise ValueError(
@@ -58,6 +68,20 @@ def check(launcher: Any) -> None:
             "reporting to the same trial, so a grid point would not run once and the budget would not count trials. "
             "The vitsweep trainer is one process per run: keep tasks_per_node=1 and nodes=1 and run trials in "
             "parallel with hydra.sweeper.n_jobs (trials per batch) and hydra.sweeper.n_workers (docs/slurm.md)")
+
+
+def _valid_keys(kind: str) -> set[str]:
+    """The hydra.launcher keys submitit's AutoExecutor takes for executor `kind` (its generic parameters, under
+    their own names, and the executor's own, which the launcher prefixes with `kind`)."""
+    from submitit import AutoExecutor
+    from submitit.core import plugins
+
+    return AutoExecutor._valid_parameters() | plugins.get_executors()[kind]._valid_parameters() | INIT_KEYS
+
+
+def _unknown_keys(kind: str, params: dict) -> list[str]:
+    """The keys submitit's `update_parameters` would refuse (it ignores those set to None)."""
+    return [k for k, v in params.items() if v is not None and k not in _valid_keys(kind)]
 
 
 class SubmititBatches:
