@@ -139,6 +139,18 @@ def test_a_launcher_key_submitit_does_not_take_is_refused_before_any_trial(tmp_p
     assert not (tmp_path / "optuna.db").exists() or not load(tmp_path).trials
 
 
+@pytest.mark.parametrize("extra", [{"ntasks_per_node": 2}, {"additional_parameters": {"ntasks-per-node": 2}},
+                                   {"additional_parameters": {"nodes": 2}}])
+def test_several_tasks_per_trial_in_slurm_s_own_words_are_refused(tmp_path, extra):
+    """`+hydra.launcher.ntasks_per_node=2` (SLURM's name, which submitit lets win over tasks_per_node) or sbatch's
+    own options in additional_parameters ran each trial's job twice in one run dir, past the check that refuses
+    tasks_per_node=2 (docs/slurm.md: "must stay 1: refused otherwise")."""
+    from hydra_plugins.vitsweep_sweeper._submitit import check
+
+    with pytest.raises(ValueError, match="would run each trial's job 2 times"):
+        check(_Launcher("slurm", tmp_path / "%j", **extra))
+
+
 def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
     """Under submitit_slurm the sweeper's workers set no OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES or pinning: sbatch
     would export them into the jobs, which get their own resources from SLURM."""

@@ -60,11 +60,16 @@ def check(launcher: Any) -> None:
             f"hydra.launcher.{', hydra.launcher.'.join(unknown)}: not a setting of submitit's '{launcher._EXECUTOR}' "
             f"executor (hydra/launcher=submitit_{launcher._EXECUTOR}); submitit would refuse it at the first batch. "
             f"Its settings: {', '.join(sorted(_valid_keys(launcher._EXECUTOR)))}")
-    tasks = int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1)
+    # SLURM's own names win: submitit's ntasks_per_node over tasks_per_node, and sbatch's additional_parameters
+    extra = {str(k).replace("-", "_"): v for k, v in (params.get("additional_parameters") or {}).items()}
+    per_node = extra.get("ntasks_per_node") or params.get("ntasks_per_node") or params.get("tasks_per_node") or 1
+    tasks = max(int(per_node) * int(extra.get("nodes") or params.get("nodes") or 1), int(extra.get("ntasks") or 1))
     if tasks > 1:
+        own = "".join(f", hydra.launcher.{k}={params[k]}" for k in ("ntasks_per_node",) if params.get(k) is not None)
+        own += f", hydra.launcher.additional_parameters={params['additional_parameters']}" if extra else ""
         raise ValueError(
             f"hydra.launcher.tasks_per_node={params.get('tasks_per_node')} and hydra.launcher.nodes="
-            f"{params.get('nodes')}: submitit would run each trial's job {tasks} times, in one run dir, each copy "
+            f"{params.get('nodes')}{own}: submitit would run each trial's job {tasks} times, in one run dir, each copy "
             "reporting to the same trial, so a grid point would not run once and the budget would not count trials. "
             "The vitsweep trainer is one process per run: keep tasks_per_node=1 and nodes=1 and run trials in "
             "parallel with hydra.sweeper.n_jobs (trials per batch) and hydra.sweeper.n_workers (docs/slurm.md)")
