@@ -246,3 +246,5 @@ def test_submitit_local_jobs_train_on_the_gpus_this_process_was_given(tmp_path, 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
     executor = SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=1))._executor()
     assert executor.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() == "1"  # os.getenv: pickled by name
+    with pytest.raises(ValueError, match="gpus_per_node=3, but this process has 2 GPU"):  # before any trial
+        SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=3))

@@ -60,6 +60,11 @@ def check(launcher: Any) -> None:
             f"hydra.launcher.{', hydra.launcher.'.join(unknown)}: not a setting of submitit's '{launcher._EXECUTOR}' "
             f"executor (hydra/launcher=submitit_{launcher._EXECUTOR}); submitit would refuse it at the first batch. "
             f"Its settings: {', '.join(sorted(_valid_keys(launcher._EXECUTOR)))}")
+    visible, wanted = _visible_gpus(), int(params.get("gpus_per_node") or 0)
+    if launcher._EXECUTOR == "local" and visible and wanted > len(visible):
+        raise ValueError(f"hydra.launcher.gpus_per_node={wanted}, but this process has {len(visible)} GPU(s) "
+                         f"(CUDA_VISIBLE_DEVICES={','.join(map(str, visible))}): submitit_local jobs train on this "
+                         "process's GPUs (a sweeper worker's share)")
     # SLURM's own names win: submitit's ntasks_per_node over tasks_per_node, and sbatch's additional_parameters
     extra = {str(k).replace("-", "_"): v for k, v in (params.get("additional_parameters") or {}).items()}
     per_node = extra.get("ntasks_per_node") or params.get("ntasks_per_node") or params.get("tasks_per_node") or 1
