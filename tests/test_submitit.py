@@ -248,3 +248,50 @@ def test_submitit_local_jobs_train_on_the_gpus_this_process_was_given(tmp_path, 
     assert executor.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() == "1"  # os.getenv: pickled by name
     with pytest.raises(ValueError, match="gpus_per_node=3, but this process has 2 GPU"):  # before any trial
         SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=3))
+
+
+REUSED_PID = '''
+import os, runpy, sys, time
+import cloudpickle
+import submitit.local.local as local
+from hydra.core.utils import JobReturn, JobStatus
+from submitit.core.utils import JobPaths
+
+start = local.start_controller
+
+
+def reused_pid(folder, *args, **kwargs):
+    """A controller whose pid an earlier submitit_local job had: that job's result is in the pid's folder."""
+    process = start(folder, *args, **kwargs)
+    stale = JobReturn()
+    stale.status, stale.return_value = JobStatus.COMPLETED, -123.0
+    path = JobPaths(folder, job_id=str(process.pid), task_id=0).result_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        cloudpickle.dump(("success", stale), fh)
+    os.utime(path, (time.time() - 86400,) * 2)  # written a day ago
+    return process
+
+
+local.start_controller = reused_pid
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pid_left(tmp_path):
+    """A submitit_local job's id is its controller's pid, and its files go to `.submitit/<pid>/`; submitit neither
+    clears that folder nor tells a dead job from one that left a result there. A job that died without a result (here
+    a run stopped by SIGTERM) in a folder where an earlier job of the sweep dir with the same pid (pids wrap at
+    pid_max, and restart at each boot, while a sweep dir is resumed for days) left its result was told that old
+    result: the trial was COMPLETE with another trial's value and no retry. Stale results are removed at submission."""
+    driver = tmp_path / "reused_pid.py"
+    driver.write_text(REUSED_PID)
+    args = [driver, APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=choice(1)", "hydra.sweeper.n_trials=1",
+            "hydra.sweeper.max_retries=0", "hydra.sweeper.max_failure_rate=1.0"]
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_INTERRUPT": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL and trial.values is None, (trial.state, trial.values)
+    assert "ended without a result" in trial.user_attrs["error"]

@@ -16,6 +16,7 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
 
 import copy
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,7 +134,10 @@ class SubmititBatches:
         for n, overrides in zip(numbers, job_overrides, strict=True):
             log.info(f"\t#{n} : {' '.join(filter_overrides(overrides))}")
             params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
+        submitted = time.time()
         jobs = executor.map_array(self.launcher, *zip(*params, strict=True))
+        for job in jobs:  # a job folder is named by the job id: a submitit_local job's is its pid, which recurs
+            _remove_stale_result(job, submitted)
         number = {id(j): n for j, n in zip(jobs, numbers, strict=True)}
         returns: dict[int, JobReturn] = {}
         try:
@@ -182,6 +186,19 @@ def _visible_gpus() -> tuple[int, ...]:
                     "0..hydra.launcher.gpus_per_node-1")
         return ()
     return tuple(int(g) for g in ids)
+
+
+def _remove_stale_result(job: Any, submitted: float) -> None:
+    """Remove a result file that predates the job's submission, left in the job's folder by an earlier job with the
+    same id (a submitit_local job's id is its controller's pid: pids wrap, and restart at each boot, while a sweep
+    dir lives on): submitit would return it as this job's result when this job ends without one (killed)."""
+    path = job.paths.result_pickle
+    try:
+        if path.stat().st_mtime < submitted:
+            path.unlink()
+            log.warning(f"removed {path}: a result left by an earlier submitit job with the id {job.job_id}")
+    except FileNotFoundError:
+        pass
 
 
 def _died(why: str, ret: JobReturn | None = None) -> JobReturn:
