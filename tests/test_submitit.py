@@ -128,6 +128,29 @@ def test_several_tasks_per_trial_are_refused_before_any_trial(tmp_path):
     assert not (tmp_path / ".submitit").exists()
 
 
+def test_a_launcher_key_submitit_does_not_take_is_refused_before_any_trial(tmp_path):
+    """A key added to hydra.launcher (`+hydra.launcher.cpus_per_gpu=1` under submitit_local, which has no such
+    setting) was refused by submitit only when the first batch was submitted: the sweep had claimed a trial by then
+    and died with it RUNNING in the study. It is refused now with the launcher's other checks, before any trial."""
+    proc = sweep(tmp_path, *LOCAL, "x=choice(0,1)", "+hydra.launcher.cpus_per_gpu=1", check=False)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "hydra.launcher.cpus_per_gpu" in err and "submitit_local" in err, err[-2000:]
+    assert not (tmp_path / "optuna.db").exists() or not load(tmp_path).trials
+
+
+@pytest.mark.parametrize("extra", [{"ntasks_per_node": 2}, {"additional_parameters": {"ntasks-per-node": 2}},
+                                   {"additional_parameters": {"nodes": 2}}])
+def test_several_tasks_per_trial_in_slurm_s_own_words_are_refused(tmp_path, extra):
+    """`+hydra.launcher.ntasks_per_node=2` (SLURM's name, which submitit lets win over tasks_per_node) or sbatch's
+    own options in additional_parameters ran each trial's job twice in one run dir, past the check that refuses
+    tasks_per_node=2 (docs/slurm.md: "must stay 1: refused otherwise")."""
+    from hydra_plugins.vitsweep_sweeper._submitit import check
+
+    with pytest.raises(ValueError, match="would run each trial's job 2 times"):
+        check(_Launcher("slurm", tmp_path / "%j", **extra))
+
+
 def test_only_slurm_jobs_keep_this_machines_cores_and_gpus_unshared():
     """Under submitit_slurm the sweeper's workers set no OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES or pinning: sbatch
     would export them into the jobs, which get their own resources from SLURM."""
@@ -204,3 +227,71 @@ def test_a_time_out_that_submitit_did_not_requeue_is_a_job_that_died_and_is_retr
     assert timed_out.working_dir == "/sweep/7" and timed_out.hydra_cfg is not None  # the trial keeps its run dir
     error = SubmititBatches._result(None, _Done(failed(ValueError("a bug in the task"))), 7)
     assert isinstance(error._return_value, ValueError)  # the task's own error fails its trial, as before
+
+
+class _Launcher:
+    """The fields of a hydra-submitit-launcher launcher that `SubmititBatches._executor` reads."""
+
+    def __init__(self, kind, folder, **params):
+        self._EXECUTOR = kind
+        self.params = {"submitit_folder": str(folder), "timeout_min": 5, "tasks_per_node": 1, "nodes": 1, **params}
+
+
+def test_submitit_local_jobs_train_on_the_gpus_this_process_was_given(tmp_path, monkeypatch):
+    """submitit's LocalExecutor sets each job's CUDA_VISIBLE_DEVICES to 0..gpus_per_node-1 whatever this process's
+    own: a sweeper worker given GPU 1 (docs/slurm.md: under submitit_local "each worker's jobs inherit its share")
+    had its jobs train on GPU 0, beside the other worker's. The jobs now take their GPUs from this process's."""
+    from hydra_plugins.vitsweep_sweeper._submitit import SubmititBatches
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    executor = SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=1))._executor()
+    assert executor.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() == "1"  # os.getenv: pickled by name
+    with pytest.raises(ValueError, match="gpus_per_node=3, but this process has 2 GPU"):  # before any trial
+        SubmititBatches(_Launcher("local", tmp_path / "%j", gpus_per_node=3))
+
+
+REUSED_PID = '''
+import os, runpy, sys, time
+import cloudpickle
+import submitit.local.local as local
+from hydra.core.utils import JobReturn, JobStatus
+from submitit.core.utils import JobPaths
+
+start = local.start_controller
+
+
+def reused_pid(folder, *args, **kwargs):
+    """A controller whose pid an earlier submitit_local job had: that job's result is in the pid's folder."""
+    process = start(folder, *args, **kwargs)
+    stale = JobReturn()
+    stale.status, stale.return_value = JobStatus.COMPLETED, -123.0
+    path = JobPaths(folder, job_id=str(process.pid), task_id=0).result_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        cloudpickle.dump(("success", stale), fh)
+    os.utime(path, (time.time() - 86400,) * 2)  # written a day ago
+    return process
+
+
+local.start_controller = reused_pid
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pid_left(tmp_path):
+    """A submitit_local job's id is its controller's pid, and its files go to `.submitit/<pid>/`; submitit neither
+    clears that folder nor tells a dead job from one that left a result there. A job that died without a result (here
+    a run stopped by SIGTERM) in a folder where an earlier job of the sweep dir with the same pid (pids wrap at
+    pid_max, and restart at each boot, while a sweep dir is resumed for days) left its result was told that old
+    result: the trial was COMPLETE with another trial's value and no retry. Stale results are removed at submission."""
+    driver = tmp_path / "reused_pid.py"
+    driver.write_text(REUSED_PID)
+    args = [driver, APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=choice(1)", "hydra.sweeper.n_trials=1",
+            "hydra.sweeper.max_retries=0", "hydra.sweeper.max_failure_rate=1.0"]
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "SWEEPER_APP_INTERRUPT": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL and trial.values is None, (trial.state, trial.values)
+    assert "ended without a result" in trial.user_attrs["error"]

@@ -16,6 +16,7 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
 
 import copy
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,17 +48,51 @@ def is_remote(config: Any) -> bool:
         ".LocalLauncher")
 
 
+INIT_KEYS = {"max_num_timeout", "submitit_folder"}  # given to submitit's executor when it is built, not as parameters
+
+
 def check(launcher: Any) -> None:
-    """Refuse what would break a promise of the sweeper, before any trial."""
+    """Refuse what would break a promise of the sweeper, or what submitit would refuse at the first batch, before
+    any trial."""
     params = launcher.params
-    tasks = int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1)
+    unknown = sorted(k for k in _unknown_keys(launcher._EXECUTOR, params))
+    if unknown:
+        raise ValueError(
+            f"hydra.launcher.{', hydra.launcher.'.join(unknown)}: not a setting of submitit's '{launcher._EXECUTOR}' "
+            f"executor (hydra/launcher=submitit_{launcher._EXECUTOR}); submitit would refuse it at the first batch. "
+            f"Its settings: {', '.join(sorted(_valid_keys(launcher._EXECUTOR)))}")
+    visible, wanted = _visible_gpus(), int(params.get("gpus_per_node") or 0)
+    if launcher._EXECUTOR == "local" and visible and wanted > len(visible):
+        raise ValueError(f"hydra.launcher.gpus_per_node={wanted}, but this process has {len(visible)} GPU(s) "
+                         f"(CUDA_VISIBLE_DEVICES={','.join(map(str, visible))}): submitit_local jobs train on this "
+                         "process's GPUs (a sweeper worker's share)")
+    # SLURM's own names win: submitit's ntasks_per_node over tasks_per_node, and sbatch's additional_parameters
+    extra = {str(k).replace("-", "_"): v for k, v in (params.get("additional_parameters") or {}).items()}
+    per_node = extra.get("ntasks_per_node") or params.get("ntasks_per_node") or params.get("tasks_per_node") or 1
+    tasks = max(int(per_node) * int(extra.get("nodes") or params.get("nodes") or 1), int(extra.get("ntasks") or 1))
     if tasks > 1:
+        own = "".join(f", hydra.launcher.{k}={params[k]}" for k in ("ntasks_per_node",) if params.get(k) is not None)
+        own += f", hydra.launcher.additional_parameters={params['additional_parameters']}" if extra else ""
         raise ValueError(
             f"hydra.launcher.tasks_per_node={params.get('tasks_per_node')} and hydra.launcher.nodes="
-            f"{params.get('nodes')}: submitit would run each trial's job {tasks} times, in one run dir, each copy "
+            f"{params.get('nodes')}{own}: submitit would run each trial's job {tasks} times, in one run dir, each copy "
             "reporting to the same trial, so a grid point would not run once and the budget would not count trials. "
             "The vitsweep trainer is one process per run: keep tasks_per_node=1 and nodes=1 and run trials in "
             "parallel with hydra.sweeper.n_jobs (trials per batch) and hydra.sweeper.n_workers (docs/slurm.md)")
+
+
+def _valid_keys(kind: str) -> set[str]:
+    """The hydra.launcher keys submitit's AutoExecutor takes for executor `kind` (its generic parameters, under
+    their own names, and the executor's own, which the launcher prefixes with `kind`)."""
+    from submitit import AutoExecutor
+    from submitit.core import plugins
+
+    return AutoExecutor._valid_parameters() | plugins.get_executors()[kind]._valid_parameters() | INIT_KEYS
+
+
+def _unknown_keys(kind: str, params: dict) -> list[str]:
+    """The keys submitit's `update_parameters` would refuse (it ignores those set to None)."""
+    return [k for k, v in params.items() if v is not None and k not in _valid_keys(kind)]
 
 
 class SubmititBatches:
@@ -84,6 +119,8 @@ class SubmititBatches:
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{kind}_{k}": v for k, v in launcher.params.items()
                                       if k not in init_keys | {"submitit_folder"}})
+        if kind == "local" and (visible := _visible_gpus()):  # not an AutoExecutor key: the LocalExecutor's own
+            executor._executor.update_parameters(visible_gpus=visible)
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -97,7 +134,10 @@ class SubmititBatches:
         for n, overrides in zip(numbers, job_overrides, strict=True):
             log.info(f"\t#{n} : {' '.join(filter_overrides(overrides))}")
             params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
+        submitted = time.time()
         jobs = executor.map_array(self.launcher, *zip(*params, strict=True))
+        for job in jobs:  # a job folder is named by the job id: a submitit_local job's is its pid, which recurs
+            _remove_stale_result(job, submitted)
         number = {id(j): n for j, n in zip(jobs, numbers, strict=True)}
         returns: dict[int, JobReturn] = {}
         try:
@@ -131,6 +171,34 @@ class SubmititBatches:
             return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
                          f"({stopped}); its output: {job.paths.stdout}", ret)
         return ret
+
+
+def _visible_gpus() -> tuple[int, ...]:
+    """The GPUs of this process (CUDA_VISIBLE_DEVICES) for its submitit_local jobs: submitit's LocalExecutor gives
+    each job CUDA_VISIBLE_DEVICES=0..gpus_per_node-1 whatever this process's own (a sweeper worker's GPU, the
+    user's choice) unless told its `visible_gpus`, and then takes the first gpus_per_node of them."""
+    import os
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in (env or "").split(",") if g.strip()]
+    if not all(g.isdigit() for g in ids):
+        log.warning(f"CUDA_VISIBLE_DEVICES={env!r} does not name GPUs by index: submitit_local jobs get GPUs "
+                    "0..hydra.launcher.gpus_per_node-1")
+        return ()
+    return tuple(int(g) for g in ids)
+
+
+def _remove_stale_result(job: Any, submitted: float) -> None:
+    """Remove a result file that predates the job's submission, left in the job's folder by an earlier job with the
+    same id (a submitit_local job's id is its controller's pid: pids wrap, and restart at each boot, while a sweep
+    dir lives on): submitit would return it as this job's result when this job ends without one (killed)."""
+    path = job.paths.result_pickle
+    try:
+        if path.stat().st_mtime < submitted:
+            path.unlink()
+            log.warning(f"removed {path}: a result left by an earlier submitit job with the id {job.job_id}")
+    except FileNotFoundError:
+        pass
 
 
 def _died(why: str, ret: JobReturn | None = None) -> JobReturn:
