@@ -284,7 +284,8 @@ def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pi
     clears that folder nor tells a dead job from one that left a result there. A job that died without a result (here
     a run stopped by SIGTERM) in a folder where an earlier job of the sweep dir with the same pid (pids wrap at
     pid_max, and restart at each boot, while a sweep dir is resumed for days) left its result was told that old
-    result: the trial was COMPLETE with another trial's value and no retry. Stale results are removed at submission."""
+    result: the trial was COMPLETE with another trial's value and no retry. Stale results are moved aside at
+    submission (kept, not deleted)."""
     driver = tmp_path / "reused_pid.py"
     driver.write_text(REUSED_PID)
     args = [driver, APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=choice(1)", "hydra.sweeper.n_trials=1",
@@ -295,3 +296,4 @@ def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pi
     (trial,) = load(tmp_path).trials
     assert trial.state == TrialState.FAIL and trial.values is None, (trial.state, trial.values)
     assert "ended without a result" in trial.user_attrs["error"]
+    assert len(list((tmp_path / ".submitit").glob("*/*_result.pkl.stale-*"))) == 1  # the old result, moved aside

@@ -136,8 +136,8 @@ class SubmititBatches:
             params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
         submitted = time.time()
         jobs = executor.map_array(self.launcher, *zip(*params, strict=True))
-        for job in jobs:  # a job folder is named by the job id: a submitit_local job's is its pid, which recurs
-            _remove_stale_result(job, submitted)
+        for job in jobs if self.launcher._EXECUTOR == "local" else ():  # a local job's folder is named by its pid
+            _move_stale_result(job, submitted)
         number = {id(j): n for j, n in zip(jobs, numbers, strict=True)}
         returns: dict[int, JobReturn] = {}
         try:
@@ -188,15 +188,18 @@ def _visible_gpus() -> tuple[int, ...]:
     return tuple(int(g) for g in ids)
 
 
-def _remove_stale_result(job: Any, submitted: float) -> None:
-    """Remove a result file that predates the job's submission, left in the job's folder by an earlier job with the
-    same id (a submitit_local job's id is its controller's pid: pids wrap, and restart at each boot, while a sweep
-    dir lives on): submitit would return it as this job's result when this job ends without one (killed)."""
+def _move_stale_result(job: Any, submitted: float) -> None:
+    """Move aside a result file that predates the job's submission, left in the job's folder by an earlier job with
+    the same id (a submitit_local job's id is its controller's pid: pids wrap, and restart at each boot, while a
+    sweep dir lives on): submitit would return it as this job's result when this job ends without one (killed).
+    Only for submitit_local: SLURM's job ids do not recur, and a compute node's clock may lag this machine's."""
     path = job.paths.result_pickle
     try:
         if path.stat().st_mtime < submitted:
-            path.unlink()
-            log.warning(f"removed {path}: a result left by an earlier submitit job with the id {job.job_id}")
+            aside = path.with_name(f"{path.name}.stale-{int(path.stat().st_mtime)}")
+            path.rename(aside)
+            log.warning(f"moved {path} to {aside.name}: a result left by an earlier submitit job with the id "
+                        f"{job.job_id}")
     except FileNotFoundError:
         pass
 
