@@ -150,8 +150,8 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
         log_every = int(s.cfg["trainer"].get("log_every", 50))
         finite = s.step % log_every or math.isfinite(m.loss_sum.item())  # sync point, as in a single run
         reason = s.rules.after_step(s.step, s.wall_s()) if finite else "nonfinite_loss"
-        if reason:
-            stopped[k] = reason if reason == "nonfinite_loss" else m.end_epoch(reason, pbar)
+        if reason:  # the single run's close of the epoch, a non-finite loss's included (its time is training time)
+            stopped[k] = m.end_epoch(reason, pbar)
     return stopped
 
 

@@ -363,3 +363,15 @@ def test_a_stacked_member_extended_past_its_epoch_cap_is_pruned_where_an_uninter
     assert calls["cut"] == calls["whole"]
     for w, c in zip(whole, cut, strict=True):
         assert (c / "metrics.jsonl").read_text().count("\n") == (w / "metrics.jsonl").read_text().count("\n")
+
+
+def test_a_member_diverging_in_its_first_epoch_counts_that_epoch_s_training_time(tmp_path):
+    """Review 2026-11-30 (stacked): a member whose loss went non-finite at a step left the stack without closing its
+    epoch, so that epoch's time never reached its train_time: diverging in epoch 1, its summary's train_images_per_s
+    was steps * batch / 1e-9 (1e11), where its single run records its real throughput."""
+    cfgs = [plain(*CNN, "trainer.max_epochs=2", "trainer.log_every=1", m) for m in ("seed=0", "optimizer.lr=1e30")]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    alone = train(cfgs[1], tmp_path / "alone")
+    assert results[1]["stop_reason"] == alone["stop_reason"] == "nonfinite_loss"
+    assert results[1]["steps"] == alone["steps"] and results[1]["epochs"] == alone["epochs"] == 1
+    assert results[1]["train_images_per_s"] < 100 * alone["train_images_per_s"], results[1]["train_images_per_s"]
