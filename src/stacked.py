@@ -3,7 +3,7 @@
 This module is the app's stacker (``src/train.py`` declares it to the vectorized launcher): ``plan_groups`` says
 which of a batch's runs train together, and ``train_stacked`` (``train_members``) starts each member as a single
 run and trains them, part after part. The stacked step and the members' loop are ``src.stacked_loop``; how a group
-is cut into parts (by precision, by the device's memory) is ``src.stacked_parts``.
+is cut into parts (by what the step shares, by the device's memory) is ``src.stacked_parts``.
 
 Each member is a real run: the single run's start (``src.resume.resume``: a fresh set-up, continued from its
 checkpoint if any) builds its ``RunState`` exactly as a single run's, so initial weights, data subset, label noise,

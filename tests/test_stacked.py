@@ -375,3 +375,29 @@ def test_a_member_diverging_in_its_first_epoch_counts_that_epoch_s_training_time
     assert results[1]["stop_reason"] == alone["stop_reason"] == "nonfinite_loss"
     assert results[1]["steps"] == alone["steps"] and results[1]["epochs"] == alone["epochs"] == 1
     assert results[1]["train_images_per_s"] < 100 * alone["train_images_per_s"], results[1]["train_images_per_s"]
+
+
+def test_members_that_differ_in_what_the_stacked_step_shares_train_apart(tmp_path, monkeypatch):
+    """Review 2026-11-30 (stacked): the stacked step takes the loss's label smoothing and the model definition (its
+    dropout rate, say) from its first member; ``train_members`` stacked whatever it was given, so a member with
+    another trainer.label_smoothing trained with member 0's and recorded its own. Members that differ there train in
+    separate stacks, each equal to its single run."""
+    stacks = []
+    build = MemberStack.__init__
+
+    def spy(self, states):
+        stacks.append(sorted(int(s.cfg["seed"]) for s in states))
+        build(self, states)
+
+    monkeypatch.setattr(MemberStack, "__init__", spy)
+    extra = ["trainer.max_epochs=2", "dataset.n_train=300", "optimizer.lr=1e-2"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0"], ["seed=1", "trainer.label_smoothing=0.5"], ["seed=2"])]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
+    assert sorted(stacks) == [[0, 2], [1]]
+    for k, cfg in enumerate(cfgs):
+        alone = train(cfg, tmp_path / f"alone{k}")
+        assert results[k]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4), k
+    stacks.clear()
+    cfgs = [plain(*VIT, "trainer.max_epochs=1", f"seed={k}", f"model.dropout={p}") for k, p in enumerate((0.0, 0.3))]
+    train_members(cfgs, [tmp_path / f"v{k}" for k in range(2)])
+    assert sorted(stacks) == [[0], [1]]
