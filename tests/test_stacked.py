@@ -401,3 +401,25 @@ def test_members_that_differ_in_what_the_stacked_step_shares_train_apart(tmp_pat
     cfgs = [plain(*VIT, "trainer.max_epochs=1", f"seed={k}", f"model.dropout={p}") for k, p in enumerate((0.0, 0.3))]
     train_members(cfgs, [tmp_path / f"v{k}" for k in range(2)])
     assert sorted(stacks) == [[0], [1]]
+
+
+def test_a_member_that_ended_before_its_stack_failed_keeps_its_result(tmp_path, monkeypatch):
+    """Review 2026-11-30 (stacked): a failure of the stacked step became the result of every member of the part,
+    those that had already ended included: the frozen member (lr 0) converged at epoch 3 and wrote its completed
+    summary, yet ``train_members`` returned the other member's later exception for it."""
+    extra = ["trainer.max_epochs=6", "trainer.converge_epochs=2", "dataset.n_train=300"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0", "optimizer.lr=1e-2"], ["seed=1", "optimizer.lr=0"])]
+    step = MemberStack.step
+
+    def fails_alone(self, batches):
+        if len(self.states) == 1:
+            raise RuntimeError("the stacked step failed")
+        return step(self, batches)
+
+    monkeypatch.setattr(MemberStack, "step", fails_alone)
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    assert isinstance(results[0], RuntimeError)
+    assert isinstance(results[1], dict) and results[1]["status"] == "completed" and results[1]["epochs"] == 3
+    assert json.loads((tmp_path / "m1" / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((tmp_path / "m0" / "summary.json").read_text())["status"] == "failed"
+
