@@ -423,3 +423,23 @@ def test_a_member_that_ended_before_its_stack_failed_keeps_its_result(tmp_path, 
     assert json.loads((tmp_path / "m1" / "summary.json").read_text())["status"] == "completed"
     assert json.loads((tmp_path / "m0" / "summary.json").read_text())["status"] == "failed"
 
+
+def test_a_member_whose_evaluation_or_report_fails_fails_alone(tmp_path):
+    """Review 2026-11-30 (stacked): an exception in one member's end of epoch (its pruner report: the study's
+    storage gone, say) went through the group's error handler, so every member of the stack ended `error` with that
+    member's exception in its summary. It fails that member alone, as its single run; the others train on and
+    equal their single runs."""
+    def broken(value, epoch):
+        if epoch >= 2:
+            raise RuntimeError("the study's storage is gone")
+        return False
+
+    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
+    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[broken, None])
+    assert isinstance(results[0], RuntimeError), results[0]
+    failed = json.loads((tmp_path / "m0" / "summary.json").read_text())
+    assert failed["status"] == "failed" and "storage is gone" in failed["error"] and failed["epochs"] == 2
+    alone = train(cfgs[1], tmp_path / "alone")
+    assert results[1]["status"] == "completed" and results[1]["epochs"] == 3 and "error" not in results[1]
+    assert results[1]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
