@@ -3,7 +3,7 @@
 This module is the app's stacker (``src/train.py`` declares it to the vectorized launcher): ``plan_groups`` says
 which of a batch's runs train together, and ``train_stacked`` (``train_members``) starts each member as a single
 run and trains them, part after part. The stacked step and the members' loop are ``src.stacked_loop``; how a group
-is cut into parts (by precision, by the device's memory) is ``src.stacked_parts``.
+is cut into parts (by what the step shares, by the device's memory) is ``src.stacked_parts``.
 
 Each member is a real run: the single run's start (``src.resume.resume``: a fresh set-up, continued from its
 checkpoint if any) builds its ``RunState`` exactly as a single run's, so initial weights, data subset, label noise,
@@ -138,6 +138,11 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
     held = contextlib.ExitStack()  # each member's run dir, as src.trainer.train holds a single run's
+
+    def ended(k: int, summary: dict) -> None:  # a member that ends before its part does: its result stands
+        results[k] = summary
+        _report(on_done, k, summary)
+
     try:
         for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
             try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
@@ -167,9 +172,11 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates with
                     s.info["attention_trained"] = "explicit"
             try:
-                results_by_member = run_members(members, {k: reporters[k] for k in part}, on_done)
+                results_by_member = run_members(members, {k: reporters[k] for k in part}, ended)
             except Exception as e:  # the stacked step itself failed: every member still training records it
                 for k, s in members.items():
+                    if results[k] is not None:  # it ended before the failure
+                        continue
                     if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
                         s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"), s.cfg)
                     results[k] = e

@@ -6,8 +6,9 @@ run's (``src.loop``).
 each member's parameters views into them; its step is one ``vmap`` of ``functional_call`` over the one model
 definition (every member's loss on its own batch; dropout draws a different mask per member), one backward, then
 each member's own optimizer steps its parameters in place. ``run_members`` steps the members until each stops: a
-member that stops (converged, stalled, pruned, non-finite loss, its trial taken over) is finalised and leaves the
-stack while the others go on; a SIGTERM/SIGINT ends every member ``interrupted``, saved, as a single run.
+member that stops (converged, stalled, pruned, non-finite loss, its trial taken over, its evaluation or pruner report
+failed) is finalised and leaves the stack while the others go on; a SIGTERM/SIGINT ends every member ``interrupted``,
+saved, as a single run.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
 from src.loop import begin_epoch, checkpoint_due, close_epoch, until_stopped
 from src.run_state import RunState
-from src.run_summary import finish
+from src.run_summary import finish, summarise
 from src.stop_signal import RunInterrupted, StopSignal
 from src.trial import Reporter
 
@@ -89,6 +90,7 @@ class _Member:
         self.state, self.reporter = state, reporter
         self.batches = None  # iterator over the current epoch's batches
         self.pending = None  # a batch drawn for a step that did not happen (another member stopped first)
+        self.error: Exception | None = None  # what failed this member's end of epoch (it then ends `error`)
 
     def next_batch(self):
         if self.pending is not None:
@@ -113,6 +115,16 @@ class _Member:
         except TrialTakenOver as e:  # this member's trial was retried elsewhere: it stops alone, as after SIGTERM
             log.warning("%s: %s", s.recorder.dir, e)
             return "interrupted"
+        except Exception as e:  # its evaluation or its pruner report failed: it fails alone, as its single run
+            log.error("%s: its end of epoch %d failed; the other members go on", s.recorder.dir, s.epoch, exc_info=e)
+            self.error = e
+            return "error"
+
+    def fail(self) -> Exception:
+        """End as a single run whose loop raised ``self.error``: its summary says so, its last checkpoint stays."""
+        s, e = self.state, self.error
+        s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"), s.cfg)
+        return e
 
 
 def _save(s: RunState) -> None:
@@ -150,15 +162,16 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
         log_every = int(s.cfg["trainer"].get("log_every", 50))
         finite = s.step % log_every or math.isfinite(m.loss_sum.item())  # sync point, as in a single run
         reason = s.rules.after_step(s.step, s.wall_s()) if finite else "nonfinite_loss"
-        if reason:
-            stopped[k] = reason if reason == "nonfinite_loss" else m.end_epoch(reason, pbar)
+        if reason:  # the single run's close of the epoch, a non-finite loss's included (its time is training time)
+            stopped[k] = m.end_epoch(reason, pbar)
     return stopped
 
 
 def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None],
-                on_done: Callable[[int, dict], None] | None = None) -> dict[int, dict]:
-    """Train the set-up members together until each stops; returns each member's summary. ``on_done(k, summary)``
-    as each member stops for good (not when a stop signal interrupts them all)."""
+                on_done: Callable[[int, dict | Exception], None] | None = None) -> dict[int, dict | Exception]:
+    """Train the set-up members together until each stops; returns each member's summary, or the exception that
+    failed its end of epoch (evaluation, pruner report) alone. ``on_done(k, summary)`` as each member stops for good
+    (not when a stop signal interrupts them all)."""
     stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
     members = {k: _Member(s, until_stopped(reporters.get(k), stop)) for k, s in states.items()}
     summaries: dict[int, dict] = {}
@@ -177,7 +190,8 @@ def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | Non
             if stopped:  # finalise them and go on with the others
                 stack.release()
                 for k, reason in stopped.items():
-                    summaries[k] = finish(members.pop(k).state, reason)
+                    m = members.pop(k)
+                    summaries[k] = m.fail() if m.error is not None else finish(m.state, reason)
                     if not interrupted:
                         _report(on_done, k, summaries[k])
                 if interrupted:

@@ -1,12 +1,14 @@
 """How a stacked group is cut into the parts that train as one stack, one part after another
-(``src.stacked.train_members``): by resolved precision first (the stacked step runs under its first member's
-autocast), then, on CUDA, to the members that fit in the device's free memory. ``member_bytes`` estimates one member's
-need before any step (on the meta device, no memory, no compute); ``device_budget`` is the group's share of the free
-memory, split between the launcher's processes on one GPU (``VITSWEEP_GPU_SHARE``, set by the launcher's workers).
+(``src.stacked.train_members``): by what the stacked step takes from its first member (its autocast, label smoothing,
+class weighting and model definition) first, then, on CUDA, to the members that fit in the device's free memory.
+``member_bytes`` estimates one member's need before any step (on the meta device, no memory, no compute);
+``device_budget`` is the group's share of the free memory, split between the launcher's processes on one GPU
+(``VITSWEEP_GPU_SHARE``, set by the launcher's workers).
 """
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from typing import Any
@@ -67,11 +69,20 @@ def fitting_parts(states: dict[int, RunState]) -> list[list[int]]:
     return parts
 
 
+def shared_by_the_step(state: RunState) -> tuple:
+    """What the stacked step takes from its first member for every member (``src.stacked_loop.MemberStack``): the
+    resolved precision (its autocast), the device, the loss's label smoothing, whether the loss is class-weighted and
+    the model definition (``functional_call`` runs the first member's module: its dropout rate, say)."""
+    return (state.info.get("precision"), str(state.device), float(state.cfg["trainer"].get("label_smoothing", 0.0)),
+            state.class_weights is None, json.dumps(state.model_cfg, sort_keys=True, default=str))
+
+
 def stack_parts(states: dict[int, RunState]) -> list[list[int]]:
-    """The members cut into the parts that train as one stack: by resolved precision first (the stacked step runs
-    under its first member's autocast, and ``precision=auto`` may resolve differently for a member resumed from a
-    checkpoint of another machine), then by the device's memory (``fitting_parts``)."""
-    by_precision: dict[Any, dict[int, RunState]] = {}
+    """The members cut into the parts that train as one stack: by what the stacked step shares first
+    (``shared_by_the_step``: e.g. ``precision=auto`` may resolve differently for a member resumed from a checkpoint of
+    another machine, and a caller of ``src.stacked.train_members`` may pass members that ``plan_groups`` would not
+    have grouped), then by the device's memory (``fitting_parts``)."""
+    by_shared: dict[Any, dict[int, RunState]] = {}
     for k, s in states.items():
-        by_precision.setdefault(s.info.get("precision"), {})[k] = s
-    return [part for group in by_precision.values() for part in fitting_parts(group)]
+        by_shared.setdefault(shared_by_the_step(s), {})[k] = s
+    return [part for group in by_shared.values() for part in fitting_parts(group)]

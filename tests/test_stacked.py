@@ -363,3 +363,83 @@ def test_a_stacked_member_extended_past_its_epoch_cap_is_pruned_where_an_uninter
     assert calls["cut"] == calls["whole"]
     for w, c in zip(whole, cut, strict=True):
         assert (c / "metrics.jsonl").read_text().count("\n") == (w / "metrics.jsonl").read_text().count("\n")
+
+
+def test_a_member_diverging_in_its_first_epoch_counts_that_epoch_s_training_time(tmp_path):
+    """Review 2026-11-30 (stacked): a member whose loss went non-finite at a step left the stack without closing its
+    epoch, so that epoch's time never reached its train_time: diverging in epoch 1, its summary's train_images_per_s
+    was steps * batch / 1e-9 (1e11), where its single run records its real throughput."""
+    cfgs = [plain(*CNN, "trainer.max_epochs=2", "trainer.log_every=1", m) for m in ("seed=0", "optimizer.lr=1e30")]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    alone = train(cfgs[1], tmp_path / "alone")
+    assert results[1]["stop_reason"] == alone["stop_reason"] == "nonfinite_loss"
+    assert results[1]["steps"] == alone["steps"] and results[1]["epochs"] == alone["epochs"] == 1
+    assert results[1]["train_images_per_s"] < 100 * alone["train_images_per_s"], results[1]["train_images_per_s"]
+
+
+def test_members_that_differ_in_what_the_stacked_step_shares_train_apart(tmp_path, monkeypatch):
+    """Review 2026-11-30 (stacked): the stacked step takes the loss's label smoothing and the model definition (its
+    dropout rate, say) from its first member; ``train_members`` stacked whatever it was given, so a member with
+    another trainer.label_smoothing trained with member 0's and recorded its own. Members that differ there train in
+    separate stacks, each equal to its single run."""
+    stacks = []
+    build = MemberStack.__init__
+
+    def spy(self, states):
+        stacks.append(sorted(int(s.cfg["seed"]) for s in states))
+        build(self, states)
+
+    monkeypatch.setattr(MemberStack, "__init__", spy)
+    extra = ["trainer.max_epochs=2", "dataset.n_train=300", "optimizer.lr=1e-2"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0"], ["seed=1", "trainer.label_smoothing=0.5"], ["seed=2"])]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(3)])
+    assert sorted(stacks) == [[0, 2], [1]]
+    for k, cfg in enumerate(cfgs):
+        alone = train(cfg, tmp_path / f"alone{k}")
+        assert results[k]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4), k
+    stacks.clear()
+    cfgs = [plain(*VIT, "trainer.max_epochs=1", f"seed={k}", f"model.dropout={p}") for k, p in enumerate((0.0, 0.3))]
+    train_members(cfgs, [tmp_path / f"v{k}" for k in range(2)])
+    assert sorted(stacks) == [[0], [1]]
+
+
+def test_a_member_that_ended_before_its_stack_failed_keeps_its_result(tmp_path, monkeypatch):
+    """Review 2026-11-30 (stacked): a failure of the stacked step became the result of every member of the part,
+    those that had already ended included: the frozen member (lr 0) converged at epoch 3 and wrote its completed
+    summary, yet ``train_members`` returned the other member's later exception for it."""
+    extra = ["trainer.max_epochs=6", "trainer.converge_epochs=2", "dataset.n_train=300"]
+    cfgs = [plain(*CNN, *extra, *m) for m in (["seed=0", "optimizer.lr=1e-2"], ["seed=1", "optimizer.lr=0"])]
+    step = MemberStack.step
+
+    def fails_alone(self, batches):
+        if len(self.states) == 1:
+            raise RuntimeError("the stacked step failed")
+        return step(self, batches)
+
+    monkeypatch.setattr(MemberStack, "step", fails_alone)
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)])
+    assert isinstance(results[0], RuntimeError)
+    assert isinstance(results[1], dict) and results[1]["status"] == "completed" and results[1]["epochs"] == 3
+    assert json.loads((tmp_path / "m1" / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((tmp_path / "m0" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_member_whose_evaluation_or_report_fails_fails_alone(tmp_path):
+    """Review 2026-11-30 (stacked): an exception in one member's end of epoch (its pruner report: the study's
+    storage gone, say) went through the group's error handler, so every member of the stack ended `error` with that
+    member's exception in its summary. It fails that member alone, as its single run; the others train on and
+    equal their single runs."""
+    def broken(value, epoch):
+        if epoch >= 2:
+            raise RuntimeError("the study's storage is gone")
+        return False
+
+    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
+    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
+    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[broken, None])
+    assert isinstance(results[0], RuntimeError), results[0]
+    failed = json.loads((tmp_path / "m0" / "summary.json").read_text())
+    assert failed["status"] == "failed" and "storage is gone" in failed["error"] and failed["epochs"] == 2
+    alone = train(cfgs[1], tmp_path / "alone")
+    assert results[1]["status"] == "completed" and results[1]["epochs"] == 3 and "error" not in results[1]
+    assert results[1]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
