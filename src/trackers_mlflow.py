@@ -31,6 +31,7 @@ DEFAULT_EXPERIMENT = "vitsweep"  # MLflow's experiment outside an Optuna study
 MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 PARAMS_PER_BATCH = 100  # MLflow's limit on params per log_batch
+REWRITTEN_TAG = "vitsweep.records_rewritten_from_step"  # where metrics.jsonl no longer holds what MLflow logged
 
 
 @contextlib.contextmanager
@@ -168,6 +169,13 @@ class MLflowTracker:
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in numbers(row).items()])
+
+    def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """MLflow cannot delete a metric point: the run keeps what it logged from ``step`` on, and the tag
+        ``vitsweep.records_rewritten_from_step`` names each step from which ``metrics.jsonl`` differs."""
+        tags = self.client.get_run(self.run_id).data.tags
+        steps = [s for s in tags.get(REWRITTEN_TAG, "").split(",") if s]
+        self.client.set_tag(self.run_id, REWRITTEN_TAG, ",".join([*steps, str(step)]))
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         for k in SUMMARY_TAGS:

@@ -24,6 +24,7 @@ class TensorBoardTracker:
     def __init__(self, flush_secs: float = 10):
         self.flush_secs = flush_secs
         self.writer = None
+        self.start_text = None  # this start's vitsweep/start text and its step, which a rewind must not discard
 
     def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -41,11 +42,23 @@ class TensorBoardTracker:
             for row in kept_rows(run_dir, resume_step):  # a tracker added to a resumed run: its curve so far
                 self.log_metrics(row)
         elif tags:  # a resumed start (a retried trial resumes the run dir under its own trial number)
-            self.writer.add_text("vitsweep/start", json.dumps(dict(tags)), resume_step + 1)
+            self.start_text = (json.dumps(dict(tags)), resume_step + 1)
+            self.writer.add_text("vitsweep/start", *self.start_text)
 
     def log_metrics(self, row: Mapping[str, Any]) -> None:
         for k, v in numbers(row).items():
             self.writer.add_scalar(k, v, row["step"])
+
+    def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """Readers discard this run's events from ``step`` on (as ``purge_step`` does when a writer opens: a session
+        start at that step), then ``rows``, what ``metrics.jsonl`` now holds there, are logged in their place."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        for row in rows:
+            self.log_metrics(row)
+        if self.start_text is not None and self.start_text[1] >= step:
+            self.writer.add_text("vitsweep/start", *self.start_text)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         step = summary["steps"]

@@ -310,3 +310,32 @@ def test_a_run_dir_reached_by_another_path_continues_its_mlflow_run_and_a_re_add
     client = MlflowClient(tracking_uri=uri)
     assert len(mlflow_runs(uri, "vitsweep")) == 1
     assert same_curve(history(client, first, "train_error"), rows_of(real), "train_error") and len(rows_of(real)) == 3
+
+
+@pytest.mark.parametrize("first,then", [
+    (["trainer.max_epochs=null", "trainer.max_steps=6"], ["trainer.max_epochs=null", "trainer.max_steps=12"]),
+    (["trainer.test_every=2", "trainer.max_epochs=3"], ["trainer.test_every=2", "trainer.max_epochs=4"])],
+    ids=["stopped_mid_epoch", "final_test_not_due"])
+def test_an_extended_run_leaves_no_dropped_evaluation_in_tensorboard(tiny_cfg, tmp_path, first, then):
+    """A run extended past a stop rewrites metrics.jsonl as an uninterrupted run records it: the evaluation of a
+    half-trained epoch (4 steps an epoch, stopped at step 6) leaves it, and a final evaluation's test split that
+    test_every did not call for leaves its row. TensorBoard kept both (a second epoch-2 point at step 6, a test_error
+    at step 12), as they were logged before the resume's purge step; found by reading an extended run back. MLflow,
+    which cannot delete a point, tags the steps from which metrics.jsonl differs."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(limits):
+        return tiny_cfg(BOTH, f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.checkpoint=true",
+                        *limits)
+
+    train(cfg(first), run_dir)
+    summary = train(cfg(then), run_dir)
+    rows = rows_of(run_dir)
+    acc = events(run_dir)
+    for key in (*CURVES, "epoch", "test_loss"):
+        assert same_curve([(e.step, e.value) for e in acc.Scalars(key)], [r for r in rows if r.get(key) is not None],
+                          key), key
+    assert [e.step for e in acc.Scalars("summary/objective")] == [summary["steps"]]
+    tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
+    assert tags["vitsweep.records_rewritten_from_step"] == ("6" if "trainer.max_steps=6" in first else "12")
