@@ -181,9 +181,12 @@ class MLflowTracker:
         for k in SUMMARY_TAGS:
             v = summary.get(k)
             self.client.set_tag(self.run_id, k, json.dumps(v) if isinstance(v, bool) or v is None else str(v))
+        old = self.client.get_run(self.run_id).data.tags
         for k in FACT_TAGS:
             if summary.get(k) is not None:
                 self.client.set_tag(self.run_id, k, str(summary[k]))
+            elif k in old:  # an earlier start's (e.g. stacked, then resumed alone): not how this summary trained
+                self.client.delete_tag(self.run_id, k)
         if summary["stop_reason"] != "interrupted":  # a resumed run logs its final objective at a later step
             self.client.log_metric(self.run_id, "objective", float(summary["objective"]), step=int(summary["steps"]))
         status = "KILLED" if summary["stop_reason"] == "interrupted" else MLFLOW_STATUS[summary["status"]]

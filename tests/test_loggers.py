@@ -339,3 +339,26 @@ def test_an_extended_run_leaves_no_dropped_evaluation_in_tensorboard(tiny_cfg, t
     assert [e.step for e in acc.Scalars("summary/objective")] == [summary["steps"]]
     tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
     assert tags["vitsweep.records_rewritten_from_step"] == ("6" if "trainer.max_steps=6" in first else "12")
+
+
+def test_a_resumed_run_keeps_no_mlflow_tag_of_how_an_earlier_start_trained(tiny_cfg, tmp_path):
+    """The tags of how the run trained are the final summary's: a trial stacked with others at its first start
+    (stacked_members, attention_trained) and resumed alone kept both tags in MLflow, though its summary.json has
+    neither (the tags were set where present, never removed); found by reading the tags of a reopened run."""
+    from src.trackers_mlflow import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = OmegaConf.to_container(tiny_cfg(), resolve=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    base = {"status": "stopped", "stop_reason": "interrupted", "objective_name": "test_error", "stalled": False,
+            "collapsed": False, "objective": 0.5, "steps": 4, "precision": "fp32", "device": "cpu"}
+    first = MLflowTracker(tracking_uri=uri)
+    first.start(run_dir, cfg, 0, {})
+    first.log_summary({**base, "stacked_members": 2, "attention_trained": "explicit"})
+    second = MLflowTracker(tracking_uri=uri)
+    second.start(run_dir, cfg, 4, {})
+    second.log_summary({**base, "status": "completed", "stop_reason": "max_epochs", "steps": 8})
+    tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
+    assert (tags["precision"], tags["stop_reason"]) == ("fp32", "max_epochs")
+    assert "stacked_members" not in tags and "attention_trained" not in tags
