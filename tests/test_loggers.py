@@ -362,3 +362,34 @@ def test_a_resumed_run_keeps_no_mlflow_tag_of_how_an_earlier_start_trained(tiny_
     tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
     assert (tags["precision"], tags["stop_reason"]) == ("fp32", "max_epochs")
     assert "stacked_members" not in tags and "attention_trained" not in tags
+
+
+def session_status(acc: EventAccumulator) -> str | None:
+    """The status TensorBoard's HParams dashboard shows (and filters by) for the run; None: no end recorded."""
+    from tensorboard.plugins.hparams import api_pb2
+
+    content = acc.PluginTagToContent("hparams").get("_hparams_/session_end_info")
+    if content is None:
+        return None
+    return api_pb2.Status.Name(plugin_data_pb2.HParamsPluginData.FromString(content).session_end_info.status)
+
+
+def test_tensorboard_hparams_show_how_the_run_ended(tiny_cfg, tmp_path):
+    """torch's ``hparams()`` writes a session end with STATUS_SUCCESS, and the tracker wrote it as the run started:
+    TensorBoard's HParams dashboard, which filters sessions by that status (and keeps a tag's first metadata),
+    showed a run whose loss went non-finite, a running one and an interrupted one all as succeeded. Found by
+    reading the hparams session end of a failed run. The end is now written with the summary: FAILURE for a
+    failed run, SUCCESS for a completed or stopped one, none while it runs or is interrupted."""
+    failed = tmp_path / "failed"
+    summary = train(tiny_cfg("logger=tensorboard", "optimizer.lr=1e12", "trainer.log_every=1"), failed)
+    assert summary["status"] == "failed"
+    assert session_status(events(failed)) == "STATUS_FAILURE"
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg("logger=tensorboard", "scheduler=constant", "trainer.max_epochs=2", "trainer.checkpoint=true",
+                   "trainer.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(1))
+    assert session_status(events(run_dir)) is None
+    assert train(cfg, run_dir)["status"] == "completed"
+    assert session_status(events(run_dir)) == "STATUS_SUCCESS"
