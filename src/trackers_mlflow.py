@@ -52,6 +52,12 @@ def _store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _same_dir(tags: Mapping[str, str], here: str) -> bool:
+    """Whether an MLflow run's ``vitsweep.run_dir`` is the run dir ``here`` (any spelling of it)."""
+    owner = tags.get("vitsweep.run_dir") or ""
+    return bool(owner) and (owner == here or (Path(owner).exists() and os.path.samefile(owner, here)))
+
+
 class MLflowTracker:
     """One MLflow run per run dir, in the experiment named after the Optuna study (a sweep) or ``vitsweep``: the
     config as params, each row's numbers as metrics at its step, the summary as tags and an ``objective`` metric.
@@ -145,16 +151,21 @@ class MLflowTracker:
     def _supersede(self, run_dir: Path) -> None:
         """End as KILLED the MLflow runs of earlier starts whose files were moved aside (``previous-*``; a start
         that died before its first checkpoint, or ``trainer.resume=never``) and that no process will end: they
-        showed RUNNING for ever. Each is tagged with the run that replaced it."""
+        showed RUNNING for ever. Each is tagged with the run that replaced it, and so is an ended one of this run dir
+        (its ``vitsweep.run_dir`` now holds another run's records)."""
         from mlflow.tracking import MlflowClient
 
+        here = str(run_dir.absolute())
         for old in sorted(run_dir.glob(f"previous-*/{TRACKER_FILE}")):
             with contextlib.suppress(Exception):  # best effort: the record is kept in any case
                 record = json.loads(old.read_text()).get("mlflow", {})
                 client = MlflowClient(tracking_uri=record["tracking_uri"])
-                if client.get_run(record["run_id"]).info.status == "RUNNING":
+                run = client.get_run(record["run_id"])
+                if run.info.status == "RUNNING":
                     client.set_tag(record["run_id"], "vitsweep.superseded_by", self.run_id)
                     client.set_terminated(record["run_id"], status="KILLED")
+                elif "vitsweep.superseded_by" not in run.data.tags and _same_dir(run.data.tags, here):
+                    client.set_tag(record["run_id"], "vitsweep.superseded_by", self.run_id)
 
     def _experiment(self, tags: Mapping[str, Any]) -> str:
         name = self.experiment_name or tags.get("study_name") or DEFAULT_EXPERIMENT

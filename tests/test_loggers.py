@@ -393,3 +393,21 @@ def test_tensorboard_hparams_show_how_the_run_ended(tiny_cfg, tmp_path):
     assert session_status(events(run_dir)) is None
     assert train(cfg, run_dir)["status"] == "completed"
     assert session_status(events(run_dir)) == "STATUS_SUCCESS"
+
+
+def test_a_finished_run_moved_aside_by_a_fresh_start_is_tagged_superseded(tiny_cfg, tmp_path):
+    """trainer.resume=never moves a finished run's records aside (previous-*/) and trains anew in the same run dir:
+    its finished MLflow run kept the same name and the tag vitsweep.run_dir of a dir that now holds another run's
+    results, with nothing to tell the two apart (only a RUNNING one was tagged superseded). Found by reading the
+    store after a fresh start in a used run dir. Every earlier run is now tagged with the run that replaced it;
+    only a RUNNING one changes status."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    train(tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}"), run_dir)
+    first = run_id_of(run_dir)
+    train(tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.resume=never"), run_dir)
+    second = run_id_of(run_dir)
+    client = MlflowClient(tracking_uri=uri)
+    old = client.get_run(first)
+    assert second != first and old.info.status == "FINISHED"
+    assert old.data.tags.get("vitsweep.superseded_by") == second
