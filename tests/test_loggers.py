@@ -411,3 +411,22 @@ def test_a_finished_run_moved_aside_by_a_fresh_start_is_tagged_superseded(tiny_c
     old = client.get_run(first)
     assert second != first and old.info.status == "FINISHED"
     assert old.data.tags.get("vitsweep.superseded_by") == second
+
+
+def test_a_stacked_member_that_fails_in_its_set_up_ends_its_mlflow_run(tiny_cfg, tmp_path, monkeypatch):
+    """A member of a stacked group whose start fails after its trackers started (here the pruner's replay raising)
+    fails alone, but its MLflow run was never ended: neither a summary nor the group's close reached it (it is not
+    among the members that train), so it showed RUNNING for ever. Found by failing a member's start and reading its
+    run's status. It now ends FAILED."""
+    import src.stacked
+
+    def broken(state, reporter):
+        raise RuntimeError("storage unreachable")
+
+    monkeypatch.setattr(src.stacked, "replay_final_report", broken)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    (result,) = src.stacked.train_members([tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}")],
+                                          [run_dir])
+    assert isinstance(result, RuntimeError)
+    assert MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).info.status == "FAILED"
