@@ -105,8 +105,12 @@ class RunRecorder:
             kept = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:n])
             atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
         self.rows = n
-        if len(lines) > n:  # trackers started on this run (an extended run dropping an evaluation) drop it too
-            self.trackers.rewind(int(json.loads(lines[n])["step"]), [])
+        if len(lines) > n and self.trackers.active:  # trackers started on this run (an extended run dropping an
+            try:  # evaluation) drop it too; at a resume's load none has started, and a killed write may be torn
+                step = int(json.loads(lines[n])["step"])
+            except (ValueError, KeyError, TypeError):
+                return
+            self.trackers.rewind(step, [])
 
     def drop_from_last_row(self, prefix: str) -> None:
         """Rewrite the last row of ``metrics.jsonl`` without its keys starting with ``prefix`` (a final evaluation's

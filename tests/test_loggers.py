@@ -430,3 +430,17 @@ def test_a_stacked_member_that_fails_in_its_set_up_ends_its_mlflow_run(tiny_cfg,
                                           [run_dir])
     assert isinstance(result, RuntimeError)
     assert MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).info.status == "FAILED"
+
+
+def test_cutting_a_torn_metrics_line_back_sends_the_trackers_nothing(tmp_path):
+    """A start killed mid-write leaves half a line at the end of metrics.jsonl, which a resume's checkpoint load
+    cuts back (before the trackers start): the cut must not read that half line as an evaluation."""
+    from src.records import RunRecorder
+
+    recorder = RunRecorder(tmp_path)
+    for step in (4, 8):
+        recorder.log({"epoch": step // 4, "step": step, "train_error": 0.5})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "st')
+    recorder.keep_rows(2)
+    assert [r["step"] for r in rows_of(tmp_path)] == [4, 8]
