@@ -105,6 +105,12 @@ class RunRecorder:
             kept = "".join(line if line.endswith("\n") else line + "\n" for line in lines[:n])
             atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
         self.rows = n
+        if len(lines) > n and self.trackers.active:  # trackers started on this run (an extended run dropping an
+            try:  # evaluation) drop it too; at a resume's load none has started, and a killed write may be torn
+                step = int(json.loads(lines[n])["step"])
+            except (ValueError, KeyError, TypeError):
+                return
+            self.trackers.rewind(step, [])
 
     def drop_from_last_row(self, prefix: str) -> None:
         """Rewrite the last row of ``metrics.jsonl`` without its keys starting with ``prefix`` (a final evaluation's
@@ -115,6 +121,7 @@ class RunRecorder:
         row = {k: v for k, v in json.loads(lines[-1]).items() if not k.startswith(prefix)}
         kept = "".join(lines[:-1]) + json.dumps(row) + "\n"
         atomic_write(self.metrics_path, lambda f: f.write(kept.encode()))
+        self.trackers.rewind(int(row["step"]), [row])
 
     def log(self, row: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:

@@ -145,6 +145,7 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
 
     try:
         for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
+            state = None
             try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
                 cfg = plain_config(cfg)
                 check_config(cfg)
@@ -165,6 +166,8 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
                 _report(on_done, k, done)
             except Exception as e:  # this member fails alone
                 results[k] = e
+                if state is not None:  # its tracker runs started, and no summary or later close reaches them
+                    _close_trackers([state])
         for part in stack_parts(states):
             members = {k: states[k] for k in part}
             for s in members.values():  # what the member's summary records of how it trained

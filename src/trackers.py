@@ -4,11 +4,12 @@ as well as to the run dir (which stays the record analysis reads). Details in ``
 
 This module chooses and shields them; the trackers themselves are ``src.trackers_tensorboard`` and
 ``src.trackers_mlflow``, and what both send is taken from the run's records by ``src.trackers_payload``.
-A tracker is ``start(run_dir, cfg, resume_step, tags)``, ``log_metrics(row)``, ``log_summary(summary)`` and
-``close()``. ``Trackers`` holds the chosen ones for one run and shields the run from them: a tracker that fails
-(an unreachable server, an unwritable store) is dropped with one warning naming it and the cause, and training
-goes on. A tracker's package loads only when a run starts it, so ``logger=none`` imports neither; a package that
-is not installed is refused before any training (``check_trackers``, from ``src.validate.check_config``).
+A tracker is ``start(run_dir, cfg, resume_step, tags)``, ``log_metrics(row)``, ``rewind(step, rows)``,
+``log_summary(summary)`` and ``close()``. ``Trackers`` holds the chosen ones for one run and shields the run from
+them: a tracker that fails (an unreachable server, an unwritable store) is dropped with one warning naming it and
+the cause, and training goes on. A tracker's package loads only when a run starts it, so ``logger=none`` imports
+neither; a package that is not installed is refused before any training (``check_trackers``, from
+``src.validate.check_config``).
 """
 from __future__ import annotations
 
@@ -81,6 +82,11 @@ class Trackers:
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         self._each("log_summary", summary)
+
+    def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """``metrics.jsonl`` was rewritten from ``step`` on (an extended run's records drop an evaluation an
+        uninterrupted run does not make, or its test metrics) and now holds ``rows`` there."""
+        self._each("rewind", step, rows)
 
     def close(self, status: str = "FAILED") -> None:
         """End the trackers; ``status``: what an MLflow run without a summary ends as (``KILLED``: a stop)."""

@@ -31,6 +31,7 @@ DEFAULT_EXPERIMENT = "vitsweep"  # MLflow's experiment outside an Optuna study
 MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED"}
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 PARAMS_PER_BATCH = 100  # MLflow's limit on params per log_batch
+REWRITTEN_TAG = "vitsweep.records_rewritten_from_step"  # where metrics.jsonl no longer holds what MLflow logged
 
 
 @contextlib.contextmanager
@@ -49,6 +50,12 @@ def _store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _same_dir(tags: Mapping[str, str], here: str) -> bool:
+    """Whether an MLflow run's ``vitsweep.run_dir`` is the run dir ``here`` (any spelling of it)."""
+    owner = tags.get("vitsweep.run_dir") or ""
+    return bool(owner) and (owner == here or (Path(owner).exists() and os.path.samefile(owner, here)))
 
 
 class MLflowTracker:
@@ -144,16 +151,21 @@ class MLflowTracker:
     def _supersede(self, run_dir: Path) -> None:
         """End as KILLED the MLflow runs of earlier starts whose files were moved aside (``previous-*``; a start
         that died before its first checkpoint, or ``trainer.resume=never``) and that no process will end: they
-        showed RUNNING for ever. Each is tagged with the run that replaced it."""
+        showed RUNNING for ever. Each is tagged with the run that replaced it, and so is an ended one of this run dir
+        (its ``vitsweep.run_dir`` now holds another run's records)."""
         from mlflow.tracking import MlflowClient
 
+        here = str(run_dir.absolute())
         for old in sorted(run_dir.glob(f"previous-*/{TRACKER_FILE}")):
             with contextlib.suppress(Exception):  # best effort: the record is kept in any case
                 record = json.loads(old.read_text()).get("mlflow", {})
                 client = MlflowClient(tracking_uri=record["tracking_uri"])
-                if client.get_run(record["run_id"]).info.status == "RUNNING":
+                run = client.get_run(record["run_id"])
+                if run.info.status == "RUNNING":
                     client.set_tag(record["run_id"], "vitsweep.superseded_by", self.run_id)
                     client.set_terminated(record["run_id"], status="KILLED")
+                elif "vitsweep.superseded_by" not in run.data.tags and _same_dir(run.data.tags, here):
+                    client.set_tag(record["run_id"], "vitsweep.superseded_by", self.run_id)
 
     def _experiment(self, tags: Mapping[str, Any]) -> str:
         name = self.experiment_name or tags.get("study_name") or DEFAULT_EXPERIMENT
@@ -169,13 +181,23 @@ class MLflowTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in numbers(row).items()])
 
+    def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """MLflow cannot delete a metric point: the run keeps what it logged from ``step`` on, and the tag
+        ``vitsweep.records_rewritten_from_step`` names each step from which ``metrics.jsonl`` differs."""
+        tags = self.client.get_run(self.run_id).data.tags
+        steps = [s for s in tags.get(REWRITTEN_TAG, "").split(",") if s]
+        self.client.set_tag(self.run_id, REWRITTEN_TAG, ",".join([*steps, str(step)]))
+
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         for k in SUMMARY_TAGS:
             v = summary.get(k)
             self.client.set_tag(self.run_id, k, json.dumps(v) if isinstance(v, bool) or v is None else str(v))
+        old = self.client.get_run(self.run_id).data.tags
         for k in FACT_TAGS:
             if summary.get(k) is not None:
                 self.client.set_tag(self.run_id, k, str(summary[k]))
+            elif k in old:  # an earlier start's (e.g. stacked, then resumed alone): not how this summary trained
+                self.client.delete_tag(self.run_id, k)
         if summary["stop_reason"] != "interrupted":  # a resumed run logs its final objective at a later step
             self.client.log_metric(self.run_id, "objective", float(summary["objective"]), step=int(summary["steps"]))
         status = "KILLED" if summary["stop_reason"] == "interrupted" else MLFLOW_STATUS[summary["status"]]

@@ -24,6 +24,7 @@ class TensorBoardTracker:
     def __init__(self, flush_secs: float = 10):
         self.flush_secs = flush_secs
         self.writer = None
+        self.start_text = None  # this start's vitsweep/start text and its step, which a rewind must not discard
 
     def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -35,17 +36,29 @@ class TensorBoardTracker:
         # kill, about to be logged again)
         self.writer = SummaryWriter(str(log_dir), purge_step=None if fresh else resume_step + 1,
                                     flush_secs=self.flush_secs)
-        if fresh:
-            for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan}):
+        if fresh:  # the experiment and session start: the session's end is written with the summary (log_summary)
+            for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan})[:2]:
                 self.writer.file_writer.add_summary(summary)
             for row in kept_rows(run_dir, resume_step):  # a tracker added to a resumed run: its curve so far
                 self.log_metrics(row)
         elif tags:  # a resumed start (a retried trial resumes the run dir under its own trial number)
-            self.writer.add_text("vitsweep/start", json.dumps(dict(tags)), resume_step + 1)
+            self.start_text = (json.dumps(dict(tags)), resume_step + 1)
+            self.writer.add_text("vitsweep/start", *self.start_text)
 
     def log_metrics(self, row: Mapping[str, Any]) -> None:
         for k, v in numbers(row).items():
             self.writer.add_scalar(k, v, row["step"])
+
+    def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
+        """Readers discard this run's events from ``step`` on (as ``purge_step`` does when a writer opens: a session
+        start at that step), then ``rows``, what ``metrics.jsonl`` now holds there, are logged in their place."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        for row in rows:
+            self.log_metrics(row)
+        if self.start_text is not None and self.start_text[1] >= step:
+            self.writer.add_text("vitsweep/start", *self.start_text)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         step = summary["steps"]
@@ -53,7 +66,22 @@ class TensorBoardTracker:
         if summary["stop_reason"] != "interrupted":  # a resumed run logs its final summary at a later step
             for k in ("objective", "stalled", "collapsed"):
                 self.writer.add_scalar(f"summary/{k}", float(summary[k]), step)
+            self._end_session(summary["status"] != "failed")
         self.writer.flush()
+
+    def _end_session(self, succeeded: bool) -> None:
+        """The HParams dashboard's status of the run (it filters sessions by it, and keeps the first one written):
+        torch's ``hparams()`` makes it STATUS_SUCCESS, so it is written only here, as the run ends."""
+        import time
+
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+        end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS if succeeded else api_pb2.STATUS_FAILURE,
+                                             end_time_secs=time.time())
+        smd = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=end))
+        self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG,
+                                                                         metadata=smd)]))
 
     def close(self, status: str = "FAILED") -> None:
         if self.writer is not None:

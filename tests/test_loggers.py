@@ -310,3 +310,137 @@ def test_a_run_dir_reached_by_another_path_continues_its_mlflow_run_and_a_re_add
     client = MlflowClient(tracking_uri=uri)
     assert len(mlflow_runs(uri, "vitsweep")) == 1
     assert same_curve(history(client, first, "train_error"), rows_of(real), "train_error") and len(rows_of(real)) == 3
+
+
+@pytest.mark.parametrize("first,then", [
+    (["trainer.max_epochs=null", "trainer.max_steps=6"], ["trainer.max_epochs=null", "trainer.max_steps=12"]),
+    (["trainer.test_every=2", "trainer.max_epochs=3"], ["trainer.test_every=2", "trainer.max_epochs=4"])],
+    ids=["stopped_mid_epoch", "final_test_not_due"])
+def test_an_extended_run_leaves_no_dropped_evaluation_in_tensorboard(tiny_cfg, tmp_path, first, then):
+    """A run extended past a stop rewrites metrics.jsonl as an uninterrupted run records it: the evaluation of a
+    half-trained epoch (4 steps an epoch, stopped at step 6) leaves it, and a final evaluation's test split that
+    test_every did not call for leaves its row. TensorBoard kept both (a second epoch-2 point at step 6, a test_error
+    at step 12), as they were logged before the resume's purge step; found by reading an extended run back. MLflow,
+    which cannot delete a point, tags the steps from which metrics.jsonl differs."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(limits):
+        return tiny_cfg(BOTH, f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.checkpoint=true",
+                        *limits)
+
+    train(cfg(first), run_dir)
+    summary = train(cfg(then), run_dir)
+    rows = rows_of(run_dir)
+    acc = events(run_dir)
+    for key in (*CURVES, "epoch", "test_loss"):
+        assert same_curve([(e.step, e.value) for e in acc.Scalars(key)], [r for r in rows if r.get(key) is not None],
+                          key), key
+    assert [e.step for e in acc.Scalars("summary/objective")] == [summary["steps"]]
+    tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
+    assert tags["vitsweep.records_rewritten_from_step"] == ("6" if "trainer.max_steps=6" in first else "12")
+
+
+def test_a_resumed_run_keeps_no_mlflow_tag_of_how_an_earlier_start_trained(tiny_cfg, tmp_path):
+    """The tags of how the run trained are the final summary's: a trial stacked with others at its first start
+    (stacked_members, attention_trained) and resumed alone kept both tags in MLflow, though its summary.json has
+    neither (the tags were set where present, never removed); found by reading the tags of a reopened run."""
+    from src.trackers_mlflow import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = OmegaConf.to_container(tiny_cfg(), resolve=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    base = {"status": "stopped", "stop_reason": "interrupted", "objective_name": "test_error", "stalled": False,
+            "collapsed": False, "objective": 0.5, "steps": 4, "precision": "fp32", "device": "cpu"}
+    first = MLflowTracker(tracking_uri=uri)
+    first.start(run_dir, cfg, 0, {})
+    first.log_summary({**base, "stacked_members": 2, "attention_trained": "explicit"})
+    second = MLflowTracker(tracking_uri=uri)
+    second.start(run_dir, cfg, 4, {})
+    second.log_summary({**base, "status": "completed", "stop_reason": "max_epochs", "steps": 8})
+    tags = MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).data.tags
+    assert (tags["precision"], tags["stop_reason"]) == ("fp32", "max_epochs")
+    assert "stacked_members" not in tags and "attention_trained" not in tags
+
+
+def session_status(acc: EventAccumulator) -> str | None:
+    """The status TensorBoard's HParams dashboard shows (and filters by) for the run; None: no end recorded."""
+    from tensorboard.plugins.hparams import api_pb2
+
+    content = acc.PluginTagToContent("hparams").get("_hparams_/session_end_info")
+    if content is None:
+        return None
+    return api_pb2.Status.Name(plugin_data_pb2.HParamsPluginData.FromString(content).session_end_info.status)
+
+
+def test_tensorboard_hparams_show_how_the_run_ended(tiny_cfg, tmp_path):
+    """torch's ``hparams()`` writes a session end with STATUS_SUCCESS, and the tracker wrote it as the run started:
+    TensorBoard's HParams dashboard, which filters sessions by that status (and keeps a tag's first metadata),
+    showed a run whose loss went non-finite, a running one and an interrupted one all as succeeded. Found by
+    reading the hparams session end of a failed run. The end is now written with the summary: FAILURE for a
+    failed run, SUCCESS for a completed or stopped one, none while it runs or is interrupted."""
+    failed = tmp_path / "failed"
+    summary = train(tiny_cfg("logger=tensorboard", "optimizer.lr=1e12", "trainer.log_every=1"), failed)
+    assert summary["status"] == "failed"
+    assert session_status(events(failed)) == "STATUS_FAILURE"
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg("logger=tensorboard", "scheduler=constant", "trainer.max_epochs=2", "trainer.checkpoint=true",
+                   "trainer.checkpoint_every=1")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(1))
+    assert session_status(events(run_dir)) is None
+    assert train(cfg, run_dir)["status"] == "completed"
+    assert session_status(events(run_dir)) == "STATUS_SUCCESS"
+
+
+def test_a_finished_run_moved_aside_by_a_fresh_start_is_tagged_superseded(tiny_cfg, tmp_path):
+    """trainer.resume=never moves a finished run's records aside (previous-*/) and trains anew in the same run dir:
+    its finished MLflow run kept the same name and the tag vitsweep.run_dir of a dir that now holds another run's
+    results, with nothing to tell the two apart (only a RUNNING one was tagged superseded). Found by reading the
+    store after a fresh start in a used run dir. Every earlier run is now tagged with the run that replaced it;
+    only a RUNNING one changes status."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    train(tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}"), run_dir)
+    first = run_id_of(run_dir)
+    train(tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.resume=never"), run_dir)
+    second = run_id_of(run_dir)
+    client = MlflowClient(tracking_uri=uri)
+    old = client.get_run(first)
+    assert second != first and old.info.status == "FINISHED"
+    assert old.data.tags.get("vitsweep.superseded_by") == second
+
+
+def test_a_stacked_member_that_fails_in_its_set_up_ends_its_mlflow_run(tiny_cfg, tmp_path, monkeypatch):
+    """A member of a stacked group whose start fails after its trackers started (here the pruner's replay raising)
+    fails alone, but its MLflow run was never ended: neither a summary nor the group's close reached it (it is not
+    among the members that train), so it showed RUNNING for ever. Found by failing a member's start and reading its
+    run's status. It now ends FAILED."""
+    import src.stacked
+
+    def broken(state, reporter):
+        raise RuntimeError("storage unreachable")
+
+    monkeypatch.setattr(src.stacked, "replay_final_report", broken)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    (result,) = src.stacked.train_members([tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}")],
+                                          [run_dir])
+    assert isinstance(result, RuntimeError)
+    assert MlflowClient(tracking_uri=uri).get_run(run_id_of(run_dir)).info.status == "FAILED"
+
+
+def test_cutting_a_torn_metrics_line_back_sends_the_trackers_nothing(tmp_path):
+    """A start killed mid-write leaves half a line at the end of metrics.jsonl, which a resume's checkpoint load
+    cuts back (before the trackers start): the cut must not read that half line as an evaluation."""
+    from src.records import RunRecorder
+
+    recorder = RunRecorder(tmp_path)
+    for step in (4, 8):
+        recorder.log({"epoch": step // 4, "step": step, "train_error": 0.5})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "st')
+    recorder.keep_rows(2)
+    assert [r["step"] for r in rows_of(tmp_path)] == [4, 8]
