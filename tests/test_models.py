@@ -208,6 +208,27 @@ def test_big_vision_init_docstring_names_every_departure_from_the_original_vit()
         assert named in doc.split("Departures from the original")[-1], named
 
 
+def test_vit_yaml_dropout_comment_names_every_site_the_rate_applies_to():
+    """``model.dropout`` also drops the attention probabilities, on every path (``attn_drop`` on the explicit one,
+    ``dropout_p`` of SDPA on the others): switching only that site on changes the training output on each path.
+    conf/model/vit.yaml's comment named the attention output, MLP and embeddings only."""
+    from tests.conftest import CONF
+
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4, dropout=0.5)
+    attn.proj_drop.p = 0.0  # only the attention probabilities are dropped
+    x = torch.randn(4, 9, 32)
+    with torch.no_grad():
+        ref = attn.eval()(x)[0]
+        attn.train()
+        for path in ("sdpa", "math", "explicit"):
+            attn.path = path
+            assert not torch.allclose(attn(x)[0], ref, atol=1e-4), path
+    comment = next(line for line in (CONF / "model" / "vit.yaml").read_text().splitlines()
+                   if line.startswith("dropout:"))
+    assert "attention probabilities" in comment, comment
+
+
 @pytest.mark.parametrize("wrap", ["plain", "module_prefix", "state_dict_key"])
 def test_resnet18_local_weights_load_whatever_their_wrapping(tmp_path, wrap):
     """A checkpoint saved from DataParallel (``module.`` keys) or wrapped in ``{"state_dict": ...}`` loaded nothing
