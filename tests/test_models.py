@@ -178,7 +178,7 @@ def test_cnns_take_mnist_and_cifar_sizes(size):
 
 
 def test_big_vision_init_bounds_the_fused_qkv_as_its_docstring_says():
-    """The docstring names the one departure from the original ViT's init: q, k and v share one fused layer's
+    """The docstring names this departure from the original ViT's init: q, k and v share one fused layer's
     Xavier bound sqrt(6 / (4 dim)), sqrt(2) below per-projection Xavier. A change to either must change both."""
     dim = 64
     torch.manual_seed(0)
@@ -189,6 +189,44 @@ def test_big_vision_init_bounds_the_fused_qkv_as_its_docstring_says():
     bound = (6 / (4 * dim)) ** 0.5
     largest = float(qkv.weight.detach().abs().max())
     assert 0.95 * bound < largest <= bound  # uniform on the whole bound, not a narrower one
+
+
+def test_big_vision_init_docstring_names_every_departure_from_the_original_vit():
+    """The original ViT (google-research/vision_transformer, vit_jax/models_vit.py) zero-initialises the head kernel
+    and the CLS token and draws MLP biases from N(0, 1e-6). ``big_vision`` here draws the head Xavier-uniform, the
+    CLS token N(0, 0.02) and zeroes every bias: the docstring called the fused qkv its *one* departure. Each measured
+    departure must be named in ``ViT.init_weights``' docstring (the code stays: committed runs were made with it)."""
+    torch.manual_seed(0)
+    model = ViT(32, 3, 10, patch=4, dim=64, depth=1, heads=4, mlp_dim=128, init="big_vision")
+    head_bound = (6 / (64 + 10)) ** 0.5
+    assert 0.95 * head_bound < float(model.head.weight.abs().max()) <= head_bound  # Xavier, not zeros
+    assert 0.015 < float(model.cls_token.std()) < 0.025  # N(0, 0.02), not zeros
+    assert float(model.blocks[0].mlp.fc1.bias.abs().max()) == 0.0  # zeros, not N(0, 1e-6)
+    doc = " ".join(ViT.init_weights.__doc__.split())
+    assert "One departure" not in doc
+    for named in ("head", "CLS token", "MLP biases", "fused"):
+        assert named in doc.split("Departures from the original")[-1], named
+
+
+def test_vit_yaml_dropout_comment_names_every_site_the_rate_applies_to():
+    """``model.dropout`` also drops the attention probabilities, on every path (``attn_drop`` on the explicit one,
+    ``dropout_p`` of SDPA on the others): switching only that site on changes the training output on each path.
+    conf/model/vit.yaml's comment named the attention output, MLP and embeddings only."""
+    from tests.conftest import CONF
+
+    torch.manual_seed(0)
+    attn = Attention(dim=32, heads=4, dropout=0.5)
+    attn.proj_drop.p = 0.0  # only the attention probabilities are dropped
+    x = torch.randn(4, 9, 32)
+    with torch.no_grad():
+        ref = attn.eval()(x)[0]
+        attn.train()
+        for path in ("sdpa", "math", "explicit"):
+            attn.path = path
+            assert not torch.allclose(attn(x)[0], ref, atol=1e-4), path
+    comment = next(line for line in (CONF / "model" / "vit.yaml").read_text().splitlines()
+                   if line.startswith("dropout:"))
+    assert "attention probabilities" in comment, comment
 
 
 @pytest.mark.parametrize("wrap", ["plain", "module_prefix", "state_dict_key"])

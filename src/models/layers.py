@@ -118,7 +118,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = Dropout(dropout)
-        self.attn_drop = Dropout(dropout)  # on the attention weights, explicit path only
+        self.attn_drop = Dropout(dropout)  # on the attention weights (explicit path; sdpa and math: dropout_p)
         self.attn_dropout = dropout
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

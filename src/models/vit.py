@@ -86,10 +86,13 @@ class ViT(nn.Module):
     def init_weights(self, init: str = "big_vision") -> None:
         """``big_vision``: after the original ViT's scheme: Xavier-uniform dense layers, zero biases, LeCun-normal
         patch embedding, N(0, 0.02) positions and CLS token. Unlike timm's fixed N(0, 0.02) it scales with
-        the width, which matters for the small widths these studies sweep (dim 8..256). One departure from the
-        original (and timm's), kept so the committed runs made with it stay reproducible: q, k and v are one fused
-        ``dim -> 3 dim`` layer initialised as a whole, so their bound is sqrt(6 / (4 dim)), sqrt(2) smaller than
-        Xavier over each ``dim -> dim`` projection, sqrt(6 / (2 dim)) (``tests/test_models.py``).
+        the width, which matters for the small widths these studies sweep (dim 8..256). Departures from the original
+        (google-research/vision_transformer, ``vit_jax/models_vit.py``), kept so the committed runs made with them
+        stay reproducible (``tests/test_models.py``): the head is Xavier-uniform like the other dense layers (the
+        original's head kernel is zeros), the CLS token is N(0, 0.02) (the original's is zeros), the MLP biases are
+        zeros (the original's N(0, 1e-6)), and q, k and v are one fused ``dim -> 3 dim`` layer initialised as a
+        whole, so their bound is sqrt(6 / (4 dim)), sqrt(2) smaller than Xavier over each ``dim -> dim`` projection,
+        sqrt(6 / (2 dim)) (the original's q, k and v are separate projections, each bounded on its own).
 
         ``torch``: PyTorch's own layer initialisation (Linear and Conv2d: U(+-1/sqrt(fan_in)) weights and
         biases; LayerNorm 1 and 0), with N(0, 0.02) positions and CLS token (PyTorch has no default for bare
