@@ -42,7 +42,8 @@ def _one_step(width: int, seed: int, x: torch.Tensor, y: torch.Tensor) -> tuple[
 def test_one_sgd_step_moves_the_logits_alike_at_every_cnn_width(capsys):
     """Defect: dividing the lr by the width (PyTorch's standard parametrisation, where gradients do not shrink
     with width) made the step 32x smaller at C1 = 32, and no wide CNN interpolated. The shipped SGD group must move
-    the logits by a similar amount (max / min within 3x) from C1 = 1 to 32 (each width averaged over 3 inits)."""
+    the logits by a similar amount from C1 = 1 to 32 (each width averaged over 3 inits): max / min within 5x, well
+    under the defect's 32x (measured 2.97 here; a limit of 3x passed by a float's width on another CPU)."""
     x, y = _mnist_shaped_batch()
     table = {w: [sum(v) / 3 for v in zip(*(_one_step(w, s, x, y) for s in range(3)), strict=True)] for w in WIDTHS}
     with capsys.disabled():
@@ -50,7 +51,7 @@ def test_one_sgd_step_moves_the_logits_alike_at_every_cnn_width(capsys):
         for w, (grad, change) in table.items():
             print(f"{w:>2}  {grad:9.3f}  {change:.5f}")
     changes = [change for _, change in table.values()]
-    assert max(changes) / min(changes) < 3.0, table
+    assert max(changes) / min(changes) < 5.0, table
 
 
 def test_optim_docstring_quotes_the_gradient_norms_and_step_sizes_measured():
