@@ -97,17 +97,28 @@ def is_size(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in SIZE_KEYS)
 
 
+def pinned(item, cfg) -> bool:
+    """A preset item that pins a value the recipe's ``auto`` chooses between (heads_depth's cpu_confirm gives each
+    architecture the precision `auto` gave it): an arm under the recipe, as ARM_KEYS allows in the grid."""
+    key, sep, value = str(item).partition("=")
+    return bool(sep) and key in AUTO_CHOOSES and OmegaConf.select(cfg, key) == "auto" and value in AUTO_CHOOSES[key]
+
+
 def recipe(cfg) -> dict:
-    """The composed config without its size keys, flattened to dotted keys (the sweeper's own settings kept)."""
+    """The composed config without its size keys, flattened to dotted keys (the sweeper's own settings kept, its
+    presets too, less their `pinned` items; the study's name is not recipe: a scale names its own study)."""
     flat = {}
 
     def walk(node, prefix):
         for k, v in node.items():
             key = f"{prefix}{k}"
-            if is_size(key) or key.startswith("hydra.") and not key.startswith("hydra.sweeper."):
+            sweeper = key == "hydra.sweeper" or key.startswith("hydra.sweeper.")
+            if is_size(key) or key.startswith("hydra.") and not sweeper or key == "hydra.sweeper.study_name":
                 continue
             if isinstance(v, dict):
                 walk(v, key + ".")
+            elif isinstance(v, list) and key.startswith("hydra.sweeper.presets."):
+                flat[key] = [item for item in v if not pinned(item, cfg)]
             else:
                 flat[key] = v
     walk(OmegaConf.to_container(cfg, resolve=False), "")
@@ -154,6 +165,18 @@ def test_every_scale_keeps_the_paper_recipe(name):
                 continue
             assert key in paper.hydra.sweeper.params, f"scale {scale} sweeps {key}, which `paper` does not"
             assert choices(expr) <= choices(paper.hydra.sweeper.params[key]), f"scale {scale}: {key}={expr}"
+
+
+def test_a_scale_that_changes_a_sweeper_preset_changes_the_recipe():
+    """A preset is recipe (heads_depth's cnn_w10 sets the CNN's SGD lr): a scale that rewrote one would train another
+    recipe under the study's name. `recipe` skipped all of `hydra.sweeper` (its `hydra.` rule caught the key
+    `hydra.sweeper` itself), so such a scale passed `test_every_scale_keeps_the_paper_recipe` (review 2026-11-30)."""
+    paper = compose_study("heads_depth", "paper")
+    lr01 = '["model=cnn","model.width=10","optimizer=sgd","optimizer.lr=0.1","optimizer.momentum=0.9",' \
+           '"optimizer.weight_decay=0.0"]'
+    changed = compose_study("heads_depth", "cpu", (f"hydra.sweeper.presets.arch.cnn_w10={lr01}",))
+    assert recipe(changed) != recipe(paper)
+    assert "hydra.sweeper.presets.arch.cnn_w10" in recipe(paper)
 
 
 def test_the_scale_override_of_a_shrunk_study_differs_from_paper():
