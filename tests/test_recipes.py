@@ -279,3 +279,44 @@ def test_a_reports_copy_of_the_recipe_table_is_the_sweep_headers(name):
     copied = [cells(line) for line in block.splitlines() if line.startswith("| ") and cells(line)[0] in settings]
     assert [r for r in rows if r not in copied] == [], f"{name}: rows of the header missing or changed in the report"
     assert [r for r in copied if r not in rows] == [], f"{name}: rows of the report the header does not have"
+
+
+def record_scales(name: str) -> set[str]:
+    """The scales whose runs are committed under ``docs/studies/NAME/records`` (each run's Hydra overrides)."""
+    found = set()
+    for path in (ROOT / "docs" / "studies" / name / "records").glob("**/.hydra/overrides.yaml"):
+        for override in yaml.safe_load(path.read_text()):
+            if override.startswith(f"+sweeps/scales/{name}="):
+                found.add(override.split("=", 1)[1])
+    return found
+
+
+def sweeper_md_scales(name: str) -> set[str]:
+    """The scales docs/sweeper.md's one-command table gives for study ``name`` (the command cell of its rows)."""
+    found = set()
+    for line in (ROOT / "docs" / "sweeper.md").read_text().splitlines():
+        cell = line.split(" | ")[0]
+        if line.startswith("| `python -m src.sweep ") and cell.split()[4].rstrip("`") == name:
+            found |= set(re.findall(r"\bscale=(\w+)", cell))
+    return found
+
+
+# The scale each study's verdict rests on (its report's declared or main run): the sweep header's `Run:` line
+MAIN_SCALE = {"attention": "cpu3", "double_descent_cnn": "cpu", "double_descent_cnn_cifar10": "main",
+              "double_descent_vit": "cpu", "heads_depth": "cpu"}
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_the_one_command_table_names_every_scale_whose_runs_a_report_reads(name):
+    """docs/sweeper.md's "one command per study" gave seeds 2-6 for the MNIST CNN (its verdict reads 2-9: cpu_seeds789,
+    cpu_fixed_seeds789 were missing), no command for the CIFAR-10 CNN's declared main run (`scale=main`, only the
+    earlier `cpu` design), attention's `cpu` but not the declared test's `cpu3`: rerun as written, a study trained
+    another grid than the one its report reads (review 2026-11-30)."""
+    assert record_scales(name) - sweeper_md_scales(name) == set()
+
+
+@pytest.mark.parametrize("name", sorted(MAIN_SCALE))
+def test_a_sweep_headers_run_line_names_the_scale_its_verdict_rests_on(name):
+    runs = [line for line in (sweep.SWEEPS / f"{name}.yaml").read_text().splitlines() if line.startswith("# Run:")]
+    assert len(runs) == 1 and f" scale={MAIN_SCALE[name]} " in runs[0] + " ", runs
+    assert MAIN_SCALE[name] in record_scales(name)
