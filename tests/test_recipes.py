@@ -20,11 +20,12 @@ from src import sweep
 from tests.conftest import CONF, ROOT, compose_cfg
 
 STUDIES = sorted(p.name for p in sweep.SCALES.iterdir() if p.is_dir())  # studies with named scales
-EPFL = ["double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit", "double_descent_vit_cifar10",
-        "heads_depth"]
-# The settings every EPFL recipe table states (first column, case-insensitive substring).
+EPFL = ["attention", "double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit",
+        "double_descent_vit_cifar10", "heads_depth"]
+# The settings every EPFL recipe table states (first column, case-insensitive substring). Precision too: the paper
+# states none, and `auto` picks one per run by timing, so a grid can mix them (heads_depth's and attention's did)
 SETTINGS = ["optimizer", "lr", "schedule", "batch", "stop rule", "image size", "label noise", "seeds",
-            "training-set size"]
+            "training-set size", "precision"]
 # Keys a scale may change: sizes, caps, seeds and the grid. Everything else is the recipe.
 SIZE_KEYS = ("dataset.n_train", "trainer.max_epochs", "trainer.max_steps", "hydra.sweeper.params",
              "hydra.sweeper.n_trials", "hydra.sweeper.n_jobs")
