@@ -20,11 +20,12 @@ from src import sweep
 from tests.conftest import CONF, ROOT, compose_cfg
 
 STUDIES = sorted(p.name for p in sweep.SCALES.iterdir() if p.is_dir())  # studies with named scales
-EPFL = ["double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit", "double_descent_vit_cifar10",
-        "heads_depth"]
-# The settings every EPFL recipe table states (first column, case-insensitive substring).
+EPFL = ["attention", "double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit",
+        "double_descent_vit_cifar10", "heads_depth"]
+# The settings every EPFL recipe table states (first column, case-insensitive substring). Precision too: the paper
+# states none, and `auto` picks one per run by timing, so a grid can mix them (heads_depth's and attention's did)
 SETTINGS = ["optimizer", "lr", "schedule", "batch", "stop rule", "image size", "label noise", "seeds",
-            "training-set size"]
+            "training-set size", "precision"]
 # Keys a scale may change: sizes, caps, seeds and the grid. Everything else is the recipe.
 SIZE_KEYS = ("dataset.n_train", "trainer.max_epochs", "trainer.max_steps", "hydra.sweeper.params",
              "hydra.sweeper.n_trials", "hydra.sweeper.n_jobs")
@@ -97,17 +98,28 @@ def is_size(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in SIZE_KEYS)
 
 
+def pinned(item, cfg) -> bool:
+    """A preset item that pins a value the recipe's ``auto`` chooses between (heads_depth's cpu_confirm gives each
+    architecture the precision `auto` gave it): an arm under the recipe, as ARM_KEYS allows in the grid."""
+    key, sep, value = str(item).partition("=")
+    return bool(sep) and key in AUTO_CHOOSES and OmegaConf.select(cfg, key) == "auto" and value in AUTO_CHOOSES[key]
+
+
 def recipe(cfg) -> dict:
-    """The composed config without its size keys, flattened to dotted keys (the sweeper's own settings kept)."""
+    """The composed config without its size keys, flattened to dotted keys (the sweeper's own settings kept, its
+    presets too, less their `pinned` items; the study's name is not recipe: a scale names its own study)."""
     flat = {}
 
     def walk(node, prefix):
         for k, v in node.items():
             key = f"{prefix}{k}"
-            if is_size(key) or key.startswith("hydra.") and not key.startswith("hydra.sweeper."):
+            sweeper = key == "hydra.sweeper" or key.startswith("hydra.sweeper.")
+            if is_size(key) or key.startswith("hydra.") and not sweeper or key == "hydra.sweeper.study_name":
                 continue
             if isinstance(v, dict):
                 walk(v, key + ".")
+            elif isinstance(v, list) and key.startswith("hydra.sweeper.presets."):
+                flat[key] = [item for item in v if not pinned(item, cfg)]
             else:
                 flat[key] = v
     walk(OmegaConf.to_container(cfg, resolve=False), "")
@@ -154,6 +166,18 @@ def test_every_scale_keeps_the_paper_recipe(name):
                 continue
             assert key in paper.hydra.sweeper.params, f"scale {scale} sweeps {key}, which `paper` does not"
             assert choices(expr) <= choices(paper.hydra.sweeper.params[key]), f"scale {scale}: {key}={expr}"
+
+
+def test_a_scale_that_changes_a_sweeper_preset_changes_the_recipe():
+    """A preset is recipe (heads_depth's cnn_w10 sets the CNN's SGD lr): a scale that rewrote one would train another
+    recipe under the study's name. `recipe` skipped all of `hydra.sweeper` (its `hydra.` rule caught the key
+    `hydra.sweeper` itself), so such a scale passed `test_every_scale_keeps_the_paper_recipe` (review 2026-11-30)."""
+    paper = compose_study("heads_depth", "paper")
+    lr01 = '["model=cnn","model.width=10","optimizer=sgd","optimizer.lr=0.1","optimizer.momentum=0.9",' \
+           '"optimizer.weight_decay=0.0"]'
+    changed = compose_study("heads_depth", "cpu", (f"hydra.sweeper.presets.arch.cnn_w10={lr01}",))
+    assert recipe(changed) != recipe(paper)
+    assert "hydra.sweeper.presets.arch.cnn_w10" in recipe(paper)
 
 
 def test_the_scale_override_of_a_shrunk_study_differs_from_paper():
@@ -256,3 +280,44 @@ def test_a_reports_copy_of_the_recipe_table_is_the_sweep_headers(name):
     copied = [cells(line) for line in block.splitlines() if line.startswith("| ") and cells(line)[0] in settings]
     assert [r for r in rows if r not in copied] == [], f"{name}: rows of the header missing or changed in the report"
     assert [r for r in copied if r not in rows] == [], f"{name}: rows of the report the header does not have"
+
+
+def record_scales(name: str) -> set[str]:
+    """The scales whose runs are committed under ``docs/studies/NAME/records`` (each run's Hydra overrides)."""
+    found = set()
+    for path in (ROOT / "docs" / "studies" / name / "records").glob("**/.hydra/overrides.yaml"):
+        for override in yaml.safe_load(path.read_text()):
+            if override.startswith(f"+sweeps/scales/{name}="):
+                found.add(override.split("=", 1)[1])
+    return found
+
+
+def sweeper_md_scales(name: str) -> set[str]:
+    """The scales docs/sweeper.md's one-command table gives for study ``name`` (the command cell of its rows)."""
+    found = set()
+    for line in (ROOT / "docs" / "sweeper.md").read_text().splitlines():
+        cell = line.split(" | ")[0]
+        if line.startswith("| `python -m src.sweep ") and cell.split()[4].rstrip("`") == name:
+            found |= set(re.findall(r"\bscale=(\w+)", cell))
+    return found
+
+
+# The scale each study's verdict rests on (its report's declared or main run): the sweep header's `Run:` line
+MAIN_SCALE = {"attention": "cpu3", "double_descent_cnn": "cpu", "double_descent_cnn_cifar10": "main",
+              "double_descent_vit": "cpu", "heads_depth": "cpu"}
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_the_one_command_table_names_every_scale_whose_runs_a_report_reads(name):
+    """docs/sweeper.md's "one command per study" gave seeds 2-6 for the MNIST CNN (its verdict reads 2-9: cpu_seeds789,
+    cpu_fixed_seeds789 were missing), no command for the CIFAR-10 CNN's declared main run (`scale=main`, only the
+    earlier `cpu` design), attention's `cpu` but not the declared test's `cpu3`: rerun as written, a study trained
+    another grid than the one its report reads (review 2026-11-30)."""
+    assert record_scales(name) - sweeper_md_scales(name) == set()
+
+
+@pytest.mark.parametrize("name", sorted(MAIN_SCALE))
+def test_a_sweep_headers_run_line_names_the_scale_its_verdict_rests_on(name):
+    runs = [line for line in (sweep.SWEEPS / f"{name}.yaml").read_text().splitlines() if line.startswith("# Run:")]
+    assert len(runs) == 1 and f" scale={MAIN_SCALE[name]} " in runs[0] + " ", runs
+    assert MAIN_SCALE[name] in record_scales(name)
