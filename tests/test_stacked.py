@@ -287,19 +287,24 @@ def test_a_stop_in_one_stack_ends_the_tracker_runs_of_members_of_later_stacks(tm
     assert [client.get_run(i).info.status for i in ids] == ["KILLED", "KILLED"]  # handed back, to resume
 
 
+def _first_member_raises_at_epoch_2(tmp_path, error: Exception):
+    """Two 3-epoch CNN members trained stacked, the first's reporter raising ``error`` from epoch 2: (cfgs, results)."""
+    def reporter(value, epoch):
+        if epoch >= 2:
+            raise error
+        return False
+
+    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
+    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
+    return cfgs, train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[reporter, None])
+
+
 def test_a_member_whose_trial_was_taken_over_stops_alone(tmp_path):
     """A member's reporter raising TrialTakenOver (its trial failed as not answering and retried elsewhere) went
     through the group's error handler: every member of the stack ended `error` with that member's exception."""
     from hydra_plugins.vitsweep_sweeper.protocol import TrialTakenOver
 
-    def taken(value, epoch):
-        if epoch >= 2:
-            raise TrialTakenOver("trial 7 taken over")
-        return False
-
-    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
-    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
-    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[taken, None])
+    _, results = _first_member_raises_at_epoch_2(tmp_path, TrialTakenOver("trial 7 taken over"))
     assert results[0]["status"] == "stopped" and results[0]["stop_reason"] == "interrupted", results[0]
     assert results[1]["status"] == "completed" and results[1]["epochs"] == 3, results[1]
 
@@ -429,14 +434,7 @@ def test_a_member_whose_evaluation_or_report_fails_fails_alone(tmp_path):
     storage gone, say) went through the group's error handler, so every member of the stack ended `error` with that
     member's exception in its summary. It fails that member alone, as its single run; the others train on and
     equal their single runs."""
-    def broken(value, epoch):
-        if epoch >= 2:
-            raise RuntimeError("the study's storage is gone")
-        return False
-
-    extra = ["trainer.max_epochs=3", "trainer.checkpoint=true"]
-    cfgs = [plain(*CNN, *extra, f"seed={k}") for k in range(2)]
-    results = train_members(cfgs, [tmp_path / f"m{k}" for k in range(2)], reporters=[broken, None])
+    cfgs, results = _first_member_raises_at_epoch_2(tmp_path, RuntimeError("the study's storage is gone"))
     assert isinstance(results[0], RuntimeError), results[0]
     failed = json.loads((tmp_path / "m0" / "summary.json").read_text())
     assert failed["status"] == "failed" and "storage is gone" in failed["error"] and failed["epochs"] == 2
