@@ -33,6 +33,9 @@ def test_a_grid_in_batches_runs_each_point_once(tmp_path):
     assert yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())["states"] == {"COMPLETE": 6}
 
 
+@pytest.mark.slow  # the suite's time (CI 893 s of 900): two workers sharing one study's budget is the sweeper's own
+# claim, tested with two workers in test_sweeper_faults.py and test_postgres.py; submitit's batches stay tested by
+# the pruning and dead-job tests below
 def test_a_tpe_study_with_two_workers_reaches_its_budget(tmp_path):
     proc = sweep(tmp_path, *LOCAL, "x=interval(-2,2)", "y=interval(-2,2)", "hydra.sweeper.n_workers=2",
                  "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=5")
