@@ -55,7 +55,7 @@ def check(launcher: Any) -> None:
     """Refuse what would break a promise of the sweeper, or what submitit would refuse at the first batch, before
     any trial."""
     params = launcher.params
-    unknown = sorted(k for k in _unknown_keys(launcher._EXECUTOR, params))
+    unknown = sorted(_unknown_keys(launcher._EXECUTOR, params))
     if unknown:
         raise ValueError(
             f"hydra.launcher.{', hydra.launcher.'.join(unknown)}: not a setting of submitit's '{launcher._EXECUTOR}' "
@@ -92,7 +92,8 @@ def _valid_keys(kind: str) -> set[str]:
 
 def _unknown_keys(kind: str, params: dict) -> list[str]:
     """The keys submitit's `update_parameters` would refuse (it ignores those set to None)."""
-    return [k for k, v in params.items() if v is not None and k not in _valid_keys(kind)]
+    valid = _valid_keys(kind)
+    return [k for k, v in params.items() if v is not None and k not in valid]
 
 
 class SubmititBatches:
@@ -195,8 +196,9 @@ def _move_stale_result(job: Any, submitted: float) -> None:
     Only for submitit_local: SLURM's job ids do not recur, and a compute node's clock may lag this machine's."""
     path = job.paths.result_pickle
     try:
-        if path.stat().st_mtime < submitted:
-            aside = path.with_name(f"{path.name}.stale-{int(path.stat().st_mtime)}")
+        mtime = path.stat().st_mtime
+        if mtime < submitted:
+            aside = path.with_name(f"{path.name}.stale-{int(mtime)}")
             path.rename(aside)
             log.warning(f"moved {path} to {aside.name}: a result left by an earlier submitit job with the id "
                         f"{job.job_id}")
