@@ -1,13 +1,17 @@
 """Every study's recipe table (its sweep file's header) matches the config the sweep file composes, at every
-named scale, and a scale changes only sizes, seeds and the grid, never the recipe.
+named scale, and a scale changes only sizes, seeds and the grid, never the recipe; and each committed arm's runs are
+what the command its report gives composes today (``ARMS``, at the end).
 
 A table row reads ``# | setting | paper (section) | key = value; key = value | reason |``. ``key@choice``
 checks the key with that sweeper preset applied (``arch@cnn_w10``: the ``arch=cnn_w10`` preset's overrides).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -321,3 +325,242 @@ def test_a_sweep_headers_run_line_names_the_scale_its_verdict_rests_on(name):
     runs = [line for line in (sweep.SWEEPS / f"{name}.yaml").read_text().splitlines() if line.startswith("# Run:")]
     assert len(runs) == 1 and f" scale={MAIN_SCALE[name]} " in runs[0] + " ", runs
     assert MAIN_SCALE[name] in record_scales(name)
+
+
+# --- Each committed arm's runs against what its report's command composes today ----------------------------------
+# A record is never rewritten, but the sweep and scale files it ran from can be: an lr, a cap or a seed list changed
+# after a study ran (with its recipe table, so the tests above pass) leaves records that no longer are what the
+# report's command trains, and every analysis still regenerates from them. So each arm's runs are checked against
+# the command its report gives for them, composed today: the command part of every run's overrides is that command's,
+# each run's sweep point lies in the grid the command composes, and each run's `.hydra/config.yaml` is the config the
+# command composes at that point, key for key, but for the keys below and the differences its report states. A
+# command's `hydra.*` overrides (tune_vit's trial count and pruner) are composed into the grid but are not in a run's
+# overrides.yaml, so they are checked against the report only.
+
+# Not compared: how a run printed, checkpointed and logged, and `dataset.root`, the data file by the path of the machine
+# that ran it (the GPU sittings read `.gpudata/` archives, prefixes of the dataset that their reports describe)
+NOT_RECIPE = ("dataset.root", "trainer.progress", "trainer.checkpoint_every", "logger")
+# Keys added to the config after some records were written, at the value today's config gives them: model.attention
+# (7721e69, 2026-11-26: the attention's code path, one function) is missing from runs that trained before it
+ADDED_SINCE = {"model.attention": "auto"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """How a report gives the command an arm ran: ``command`` (shell variables expanded), quoted in ``source``
+    (the study's report unless given) verbatim, or by each of ``quoted`` where the report gives it in parts; and
+    ``differs``, the keys whose recorded values today's composition no longer gives, each ``key: (recorded value,
+    the words of the report that state it)`` (None where no report states it)."""
+    command: str
+    quoted: tuple[str, ...] = ()
+    differs: dict = dataclasses.field(default_factory=dict)
+    source: str | None = None
+
+
+MNIST, CIFAR = "dataset.root=../shared/data/mnist.npz", "dataset.root=../shared/data/cifar10.npz"
+SWEEP = "python -m src.sweep"
+DDC, DDC10, DDV = (f"{SWEEP} {s}" for s in ("double_descent_cnn", "double_descent_cnn_cifar10", "double_descent_vit"))
+RERUN = "dataset.n_train=1000 trainer.max_epochs=4 trainer.eval_every=4 trainer.num_threads=1 trainer.progress=false"
+TV = ("dataset.root=/work/shared/data/cifar10.npz dataset.n_train=1000 dataset.val_size=300 dataset.test_size=2000 "
+      "trainer.max_epochs=3 hydra.sweeper.n_trials=5 trainer.num_threads=1 trainer.progress=false")
+EARLIER = {"trainer.max_epochs": (1000, "## Earlier run (`scale=cpu` + `scale=cpu_threshold`, n_train 2048, lr 0.05, "
+                                        "1000-epoch cap)")}
+ARMS = {
+    "attention/seeds": Arm(f"{SWEEP} attention scale=cpu3 {MNIST}"),
+    "double_descent_cnn/pilot_gpu": Arm(f"{DDC} scale=pilot"),
+    "double_descent_cnn/main": Arm(f"{DDC} scale=cpu {MNIST}"),
+    "double_descent_cnn/main_seed6": Arm(f"{DDC} scale=cpu_seed6 {MNIST}", (
+        f"`{DDC} scale=cpu {MNIST}`", "plus seed 6 (`scale=cpu_seed6`, its own study)")),
+    "double_descent_cnn/main_seeds789": Arm(f"{DDC} scale=cpu_seeds789 {MNIST}"),
+    "double_descent_cnn/main_fixed": Arm(f"{DDC} scale=cpu_fixed trainer.converge_epochs=null {MNIST}"),
+    "double_descent_cnn/main_fixed_seeds789": Arm(
+        f"{DDC} scale=cpu_fixed_seeds789 trainer.converge_epochs=null {MNIST}"),
+    "double_descent_cnn_cifar10/earlier_cpu": Arm(f"{DDC10} scale=cpu {CIFAR}", differs=EARLIER),
+    "double_descent_cnn_cifar10/earlier_cpu_threshold": Arm(f"{DDC10} scale=cpu_threshold {CIFAR}", differs=EARLIER),
+    "double_descent_cnn_cifar10/pilot_gpu": Arm(f"{DDC10} scale=pilot"),
+    "double_descent_cnn_cifar10/pilot_gpu_threshold": Arm(f"{DDC10} scale=pilot"),
+    "double_descent_cnn_cifar10/main": Arm(f"{DDC10} scale=main"),
+    "double_descent_cnn_cifar10/main_fixed": Arm(
+        f"{DDC10} scale=main trainer.converge_epochs=null",
+        (f"`{DDC10} scale=main` (convergence arm) and the same with `trainer.converge_epochs=null`",)),
+    # the pilot ran before precision was pinned: `auto`, which is bf16 autocast on CUDA (every summary says bf16);
+    # the sweep file's recipe table calls bf16 "the pilot's", the report does not say the key was `auto`
+    "double_descent_vit/pilot_gpu": Arm(f"{DDV} scale=pilot", differs={"trainer.precision": ("auto", None)}),
+    "double_descent_vit/main": Arm(f"{DDV} scale=cpu {MNIST}", differs={"trainer.precision": (
+        "auto", "The run started on 2026-11-26 12:00 in fp32 (`precision=auto` chose fp32 then), finished 5 runs in "
+                "two sittings ([records/main](records/main), superseded)")}),
+    "double_descent_vit/main_bf16": Arm(f"{DDV} scale=cpu {MNIST}"),
+    "double_descent_vit/main_gpu": Arm(f"{DDV} scale=cpu {MNIST}", (
+        f"`{DDV} scale=cpu {MNIST}`", "([records/main_gpu](records/main_gpu); the same sweep file and scale)")),
+    "double_descent_vit/fixed_bf16": Arm(f"{DDV} scale=cpu_fixed trainer.converge_epochs=null {MNIST}"),
+    "heads_depth/main": Arm(f"{SWEEP} heads_depth scale=cpu {MNIST}"),
+    "heads_depth/precision": Arm(f"{SWEEP} heads_depth scale=cpu_precision {MNIST}"),
+    # the report links the scale file, whose header gives the command
+    "heads_depth/confirm": Arm(f"{SWEEP} heads_depth scale=cpu_confirm {MNIST}", (
+        f"# Run: {SWEEP} heads_depth scale=cpu_confirm {MNIST}",), source="sweeps/scales/heads_depth/cpu_confirm.yaml"),
+    "patch_size/rerun": Arm(f"{SWEEP} patch_size dataset.root=/work/shared/data/cifar10.npz {RERUN} "
+                            "hydra.sweep.dir=/work/reruns/patch_size"),
+    "vit_vs_cnn/rerun": Arm(f"{SWEEP} vit_vs_cnn dataset.root=/work/shared/data/cifar10.npz {RERUN} "
+                            "hydra.sweep.dir=/work/reruns/vit_vs_cnn"),
+    "tune_vit/rerun_median": Arm(
+        f"{SWEEP} tune_vit {TV} hydra.sweeper.pruner.n_startup_trials=2 hydra.sweep.dir=/work/reruns/tune_vit_median",
+        (f'TV="{TV}"', f"{SWEEP} tune_vit $TV hydra.sweeper.pruner.n_startup_trials=2 "
+                       "hydra.sweep.dir=/work/reruns/tune_vit_median")),
+    "tune_vit/rerun_none": Arm(
+        f"{SWEEP} tune_vit {TV} hydra/sweeper/pruner=none hydra.sweep.dir=/work/reruns/tune_vit_none",
+        (f'TV="{TV}"', f"{SWEEP} tune_vit $TV hydra/sweeper/pruner=none hydra.sweep.dir=/work/reruns/tune_vit_none")),
+}
+
+
+def committed_arms() -> list[str]:
+    """Every ``<study>/<arm>`` under docs/studies with run records (a folder holding ``*/.hydra/config.yaml``)."""
+    return sorted({"/".join(p.relative_to(REPORTS).parts[::2][:2]) for p in REPORTS.glob("*/records/*/*/.hydra")})
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.replace("\\\n", " ").split())
+
+
+def flat(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def key_of(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def is_group(key: str) -> bool:
+    return "." not in key and (CONF / key).is_dir()
+
+
+def not_recipe(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in NOT_RECIPE)
+
+
+@functools.cache
+def parse(override: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(override).value()
+
+
+def allows(key: str, expr: str, value) -> bool:
+    """Whether the sweep expression ``expr`` gives ``value`` (a range taken with its stop, as the samplers do)."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    sweep_ = parse(f"{key}={expr}")
+    if isinstance(sweep_, ChoiceSweep):
+        return value in sweep_.list
+    if isinstance(sweep_, RangeSweep):
+        return sweep_.start <= value <= sweep_.stop and (value - sweep_.start) % sweep_.step == 0
+    if isinstance(sweep_, IntervalSweep):
+        return sweep_.start <= value <= sweep_.end
+    raise AssertionError(f"{key}={expr}: not a sweep expression")
+
+
+@functools.cache
+def composed(name: str, overrides: tuple[str, ...]) -> tuple[dict, dict]:
+    """Study ``name`` composed with ``overrides``: its config less ``hydra``, flattened, and its sweeper's settings,
+    as plain dicts (composed once per command and group choice, not once per run: composing is the test's time)."""
+    cfg = OmegaConf.to_container(compose_study(name, None, overrides), resolve=False)
+    sweeper = cfg.pop("hydra")["sweeper"]
+    return flat(cfg), sweeper
+
+
+def point_in_grid(sweeper: dict, record: dict, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The overrides of the point of today's grid (the ``sweeper``'s params and presets) that the run with config
+    ``record`` and sweep-point overrides ``overrides`` is, and what of the run no point of the grid gives. A preset's
+    choice is the one whose items agree with the record (the most specific where several do: ``h1_d1_5v8`` over
+    ``h1_d1``); a group's choice is read from the overrides, every other key's value from the config."""
+    given = {key_of(o): o.split("=", 1)[1] for o in overrides}
+    presets, point, wrong = sweeper.get("presets") or {}, [], []
+    for key, expr in sweeper["params"].items():
+        if key in presets:
+            fits = [list(items) for choice, items in presets[key].items() if allows(key, expr, parse(f"x={choice}"))
+                    and all(is_group(key_of(i)) or record.get(key_of(i), "<absent>") == parse(i) for i in items)]
+            point += max(fits, key=len) if fits else []
+            wrong += [] if fits else [f"no choice of {key}={expr} gives this run"]
+        elif is_group(key):
+            point.append(f"{key}={given.get(key)}")
+            wrong += [] if allows(key, expr, given.get(key)) else [f"{key}={given.get(key)} is not in {expr}"]
+        else:
+            point.append(f"{key}={record.get(key)}")
+            wrong += [] if allows(key, expr, record.get(key)) else [f"{key}={record.get(key)!r} is not in {expr}"]
+    return point, wrong
+
+
+def run_records(run: pathlib.Path, name: str) -> tuple[list[str], list[str], dict]:
+    """A run's sweep-point overrides, the command line's overrides, and its config, flattened."""
+    overrides = yaml.load((run / ".hydra" / "overrides.yaml").read_text(), Loader=yaml.CSafeLoader)
+    start = overrides.index(f"+sweeps={name}")  # the sweeper's point comes first, then the command line's
+    config = flat(yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=yaml.CSafeLoader))
+    return overrides[:start], overrides[start + 1:], config
+
+
+def groups(overrides) -> tuple[str, ...]:
+    return tuple(sorted(o for o in overrides if is_group(key_of(o))))
+
+
+def mismatches(arm: Arm, run: pathlib.Path) -> list[str]:
+    """What of ``run``'s records the arm's command, composed today at the run's grid point, does not give."""
+    name, *given = shlex.split(arm.command)[3:]
+    command = sweep.scale_override(name, given)
+    at, ran, record = run_records(run, name)
+    ran = sorted(o for o in ran if not not_recipe(key_of(o)))
+    gives = sorted(o for o in command if not not_recipe(key_of(o)) and not key_of(o).startswith(("hydra.", "hydra/")))
+    wrong = [] if ran == gives else [f"ran `{' '.join(ran)}`, the report's command gives `{' '.join(gives)}`"]
+    point, off_grid = point_in_grid(composed(name, (*command, *groups(at)))[1], record, at)
+    expected = {**composed(name, (*command, *groups(point)))[0],
+                **{key_of(o): parse(o) for o in point if not is_group(key_of(o))}}
+    if off_grid:  # then no config of the grid is this run's to compare with
+        return wrong + off_grid
+    for key in sorted(set(record) | set(expected)):
+        have, want = record.get(key, "<absent>"), expected.get(key, "<absent>")
+        if not_recipe(key) or have == want or have == "<absent>" and ADDED_SINCE.get(key, "<absent>") == want:
+            continue
+        if key not in arm.differs or arm.differs[key][0] != have:
+            wrong.append(f"{key}: recorded {have!r}, the command composes {want!r}")
+    wrong += [f"{key}: the stated difference is gone (recorded {record.get(key)!r}, composed {expected.get(key)!r})"
+              for key, (value, _) in arm.differs.items() if record.get(key) != value or expected.get(key) == value]
+    return wrong
+
+
+def test_every_committed_arm_names_the_command_its_report_gives():
+    assert sorted(ARMS) == committed_arms()
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_a_committed_arms_runs_are_what_its_reports_command_composes_today(arm):
+    """Each run of the arm: its command line's overrides are the command's (but for NOT_RECIPE), its point lies in
+    the grid the command composes today, and its config is what the command composes there (but for NOT_RECIPE,
+    ADDED_SINCE and the differences the report states); and the arm holds no more runs than that grid."""
+    spec = ARMS[arm]
+    study, folder = arm.split("/")
+    source = one_line((ROOT / (spec.source or f"docs/studies/{study}/report.md")).read_text())
+    for text in spec.quoted or (spec.command,):
+        assert one_line(text) in source, f"{arm}: {spec.source or 'the report'} does not quote {text!r}"
+    for key, (_, stated) in spec.differs.items():
+        assert stated is None or one_line(stated) in source, f"{arm}: the report does not state its {key}"
+    runs = sorted(run.parent for run in (REPORTS / study / "records" / folder).glob("*/.hydra"))
+    command = sweep.scale_override(study, shlex.split(spec.command)[4:])
+    grid = composed(study, (*command, *groups(run_records(runs[0], study)[0])))[1]
+    assert len(runs) <= grid["n_trials"], f"{arm}: {len(runs)} runs, the command's grid has {grid['n_trials']}"
+    wrong = {run.name: m for run in runs if (m := mismatches(spec, run))}
+    first = next(iter(wrong), None)
+    assert not wrong, f"{arm}: {len(wrong)} of {len(runs)} runs differ; run {first}: {wrong.get(first)}"
+
+
+def test_the_records_check_sees_a_changed_recipe_value_and_a_run_off_the_grid():
+    """The check itself: a command that composes another lr than a run's (as a sweep file edited after the run
+    would), or a grid without the run's seed, is named; the run's own command is not."""
+    run = REPORTS / "double_descent_cnn" / "records" / "main_seed6" / "0"
+    assert mismatches(Arm(f"{DDC} scale=cpu_seed6 {MNIST}"), run) == []
+    assert "optimizer.lr: recorded 0.05, the command composes 0.02" in \
+        mismatches(Arm(f"{DDC} scale=cpu_seed6 {MNIST} optimizer.lr=0.02"), run)
+    assert "seed=6 is not in choice(7, 8, 9)" in mismatches(Arm(f"{DDC} scale=cpu_seeds789 {MNIST}"), run)
