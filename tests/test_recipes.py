@@ -495,11 +495,14 @@ def point_in_grid(sweeper: dict, record: dict, overrides: list[str]) -> tuple[li
     return point, wrong
 
 
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where built: 1130 runs' configs are read
+
+
 def run_records(run: pathlib.Path, name: str) -> tuple[list[str], list[str], dict]:
     """A run's sweep-point overrides, the command line's overrides, and its config, flattened."""
-    overrides = yaml.load((run / ".hydra" / "overrides.yaml").read_text(), Loader=yaml.CSafeLoader)
+    overrides = yaml.load((run / ".hydra" / "overrides.yaml").read_text(), Loader=LOADER)
     start = overrides.index(f"+sweeps={name}")  # the sweeper's point comes first, then the command line's
-    config = flat(yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=yaml.CSafeLoader))
+    config = flat(yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=LOADER))
     return overrides[:start], overrides[start + 1:], config
 
 
