@@ -383,9 +383,9 @@ ARMS = {
     "double_descent_cnn_cifar10/main_fixed": Arm(
         f"{DDC10} scale=main trainer.converge_epochs=null",
         (f"`{DDC10} scale=main` (convergence arm) and the same with `trainer.converge_epochs=null`",)),
-    # the pilot ran before precision was pinned: `auto`, which is bf16 autocast on CUDA (every summary says bf16);
-    # the sweep file's recipe table calls bf16 "the pilot's", the report does not say the key was `auto`
-    "double_descent_vit/pilot_gpu": Arm(f"{DDV} scale=pilot", differs={"trainer.precision": ("auto", None)}),
+    # the pilot ran before precision was pinned: `auto`, which is bf16 autocast on CUDA (every summary says bf16)
+    "double_descent_vit/pilot_gpu": Arm(f"{DDV} scale=pilot", differs={"trainer.precision": (
+        "auto", "the pilot ran with `trainer.precision=auto`, which chose bf16 autocast on its CUDA GPU")}),
     "double_descent_vit/main": Arm(f"{DDV} scale=cpu {MNIST}", differs={"trainer.precision": (
         "auto", "The run started on 2026-11-26 12:00 in fp32 (`precision=auto` chose fp32 then), finished 5 runs in "
                 "two sittings ([records/main](records/main), superseded)")}),
