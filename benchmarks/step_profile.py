@@ -135,23 +135,36 @@ def _scopes(event) -> tuple[str, ...]:
 
 
 def tally(events, device: torch.device) -> tuple[dict[tuple[str, str], list], dict[str, float], float]:
-    """Self time per (op name, group) as [calls, microseconds] and per group, in the device's time."""
+    """Self time per (op name, group) as [calls, microseconds] and per group, in the device's time.
+
+    On CUDA a kernel appears twice in the events: in its launching op's kernel list (the op's self device time) and
+    as an event of its own, with no CPU parent. Each kernel is counted once, under its launching op (which knows its
+    scope: optimizer step, data); device time no op claims (a kernel whose link the trace lacks) is one row of
+    ``other``. The GPU spans of ``record_function`` scopes are not kernels and are not counted."""
     per_op: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
     groups: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
     cuda = device.type == "cuda"
+    kernels_us = claimed_us = 0.0
     for e in events:
-        if cuda:
-            t = getattr(e, "self_device_time_total", None)
-            t = e.self_cuda_time_total if t is None else t
-        else:
-            t = e.self_cpu_time_total
+        if cuda and getattr(e.device_type, "name", "CPU") != "CPU":  # a kernel, memcpy or a scope's GPU span
+            if not getattr(e, "is_user_annotation", False) and not e.name.startswith(("data", "Optimizer.",
+                                                                                       "ProfilerStep")):
+                kernels_us += e.time_range.elapsed_us()
+            continue
+        t = sum(k.duration for k in e.kernels) if cuda else e.self_cpu_time_total
         if not t or e.name in ("data",) or e.name.startswith(("Optimizer.", "ProfilerStep")):
             continue
+        claimed_us += t if cuda else 0.0
         g = group_of(e.name, _scopes(e))
         row = per_op[e.name, g]
         row[0] += 1
         row[1] += t
         groups[g] += t
+    if cuda and kernels_us - claimed_us > 0.5:
+        row = per_op["(device time of kernels no op launched)", "other"]
+        row[0] += 1
+        row[1] += kernels_us - claimed_us
+        groups["other"] += kernels_us - claimed_us
     return per_op, groups, sum(groups.values())
 
 
