@@ -72,7 +72,7 @@ def group_of(name: str, scopes: tuple[str, ...]) -> str:
 FUSED_ATTENTION = r"scaled_dot_product|flash|efficient_attention|fmha|cudnn_attention"
 
 
-def flop_op_ceiling(flops_per_image: float, batch: int, per_op: dict[tuple[str, str], list], steps: int,
+def flop_op_ceiling(flops_per_image: float, batch: float, per_op: dict[tuple[str, str], list], steps: int,
                     peak_gflops: float) -> dict[str, float]:
     """The step's ceiling if every op but the FLOP-doing ones took no time: the matmul group and the fused
     attention kernels (``FUSED_ATTENTION``; not the softmax of the explicit path, which is element-wise work).
@@ -197,8 +197,8 @@ def report(args) -> str:
     path = VitsweepPath(cfg, precision, compile_model)
     m = cfg["model"]
     sizes = ", ".join(f"{k} {m[k]}" for k in m if k != "_target_")
-    out(f"- model `{args.model}` ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}); batch {args.batch}; data "
-        f"{cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
+    out(f"- model `{args.model}` ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}); batch {cfg['trainer']['batch_size']}; "
+        f"data {cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
         f"{type(path.optimizer).__name__} lr {args.lr}; precision {precision}, compile "
         f"{'on' if compile_model else 'off'}{' (fallback_random)' if args.fallback_random else ''}")
     if "attention" in getattr(path, "info", {}):
@@ -206,7 +206,7 @@ def report(args) -> str:
         out(f"- attention path: **{path.info['attention']}** ({why})")
     xb, yb = next(iter(path.loader))
     flops = flops_per_image(path.model, xb, yb)
-    r = time_path(path, args.warmup + (2 if compile_model else 0), args.steps, args.batch)
+    r = time_path(path, args.warmup + (2 if compile_model else 0), args.steps)
     gflops = flops * r["images_per_s"] / 1e9
     out(f"- **{r['images_per_s']:.1f} images/s** ({r['step_s'] * 1e3:.1f} ms/step over {args.steps} steps, "
         f"no profiler); {flops / 1e9:.4f} GFLOP per image (forward + backward); **{gflops:.1f} GFLOP/s = "
@@ -223,7 +223,7 @@ def report(args) -> str:
     for g in GROUPS:
         out(f"| {g} | {groups[g] / 1e3 / args.profile_steps:.2f} | {groups[g] / max(total, 1e-9):.1%} |")
     out()
-    c = flop_op_ceiling(flops, args.batch, per_op, args.profile_steps, peaks["bf16"][0])
+    c = flop_op_ceiling(flops, r["images"] / args.steps, per_op, args.profile_steps, peaks["bf16"][0])
     out(f"- **where the gap to the bf16 peak goes**: the ops that do the FLOPs (matmuls, and fused attention "
         f"kernels where SDPA runs) take {c['ms_per_step']:.1f} ms/step (profiled), running the model's FLOPs at "
         f"{c['gflops']:.0f} GFLOP/s = **{c['share_of_peak']:.0%} of the bf16 peak**: the step's ceiling at this "

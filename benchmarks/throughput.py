@@ -291,23 +291,26 @@ class BaselinePath:
         return loss
 
 
-def time_path(path, warmup: int, steps: int, batch: int) -> dict:
-    """Run ``warmup`` untimed steps, then ``steps`` timed ones; data wait = time spent getting batches."""
+def time_path(path, warmup: int, steps: int) -> dict:
+    """Run ``warmup`` untimed steps, then ``steps`` timed ones; data wait = time spent getting batches. Images are
+    counted as the timed batches hold them (an ``--override trainer.batch_size=...`` makes them other than --batch)."""
     it = path.batches()
     t0 = time.perf_counter()
     for i in range(warmup):
         path.step(*next(it), i, warmup + steps)
     sync(path.device)
     warm_s = time.perf_counter() - t0
-    wait, t0 = 0.0, time.perf_counter()
+    wait, images, t0 = 0.0, 0, time.perf_counter()
     for i in range(steps):
         tw = time.perf_counter()
         xb, yb = next(it)
         wait += time.perf_counter() - tw
+        images += len(yb)
         path.step(xb, yb, warmup + i, warmup + steps)
     sync(path.device)
     dt = time.perf_counter() - t0
-    return {"images_per_s": steps * batch / dt, "step_s": dt / steps, "data_wait": wait / dt, "warmup_s": warm_s}
+    return {"images_per_s": images / dt, "images": images, "step_s": dt / steps, "data_wait": wait / dt,
+            "warmup_s": warm_s}
 
 
 # ----------------------------------------------------------------------------- modes
@@ -353,7 +356,7 @@ def throughput(args) -> dict:
     flops = flops_per_image(ours.model, xb, yb)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    r = time_path(ours, args.warmup + (2 if compile_model else 0), args.steps, args.batch)
+    r = time_path(ours, args.warmup + (2 if compile_model else 0), args.steps)
     r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device))
     results["vitsweep"] = r
     settings = (f"precision {precision}, compile {'on' if compile_model else 'off'}, channels_last "
@@ -365,7 +368,7 @@ def throughput(args) -> dict:
     base_flops = flops_per_image(base.model, xb.contiguous(), yb)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    r = time_path(base, args.warmup, args.steps, args.batch)
+    r = time_path(base, args.warmup, args.steps)
     r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device),
              workers_rss=peak_rss_mib(children=True))
     results["baseline"] = r
@@ -444,7 +447,7 @@ def scaling(args) -> dict:
         sync(device)
         dt = time.perf_counter() - t0
         rows.append((len(data.y_train), dt))
-        print(f"{len(data.y_train):9d} {dt:8.2f} {steps * args.batch / dt:9.1f}")
+        print(f"{len(data.y_train):9d} {dt:8.2f} {steps * path.loader.batch_size / dt:9.1f}")
     x, y = np.array(rows, dtype=float).T
     slope, intercept = np.polyfit(x, y, 1)
     r2 = 1 - ((y - (slope * x + intercept)) ** 2).sum() / ((y - y.mean()) ** 2).sum()
