@@ -16,11 +16,13 @@ device's best settings (precision ``auto``, channels_last and fused AdamW on CUD
 
 Printed: images/s of each and their ratio; model FLOPs per image (forward + backward, counted by
 ``FlopCounterMode``), achieved GFLOP/s and its fraction of the dense matmul peak measured in this run
-(fp32 and bf16); the share of step time spent waiting for data; peak RSS (and CUDA max allocated).
+(fp32 and bf16); the share of step time spent waiting for data; each arm's own peak RSS (reset between
+the arms) and CUDA max allocated; the baseline's DataLoader workers' private memory.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import resource
@@ -173,9 +175,62 @@ def flops_per_image(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float
     return counter.get_total_flops() / len(x)
 
 
-def peak_rss_mib(children: bool = False) -> float:
-    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
-    return resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
+def _status_kib(pid: int | str, key: str) -> int | None:
+    """One ``kB`` field of /proc/<pid>/status (None where there is no /proc or no such field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident set afresh (Linux >= 4.0: writing 5 to /proc/self/clear_refs resets VmHWM to
+    the current RSS), so the next arm's peak is its own and not the larger of both arms'. False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set since the last :func:`reset_peak_rss` (VmHWM); ``ru_maxrss``, the peak since
+    the process started, where /proc is absent."""
+    kib = _status_kib("self", "VmHWM")
+    return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024  # KiB on Linux
+
+
+def child_pids(pid: int | None = None) -> list[int]:
+    """The live child processes of ``pid`` (this process), from /proc."""
+    pid, kids = os.getpid() if pid is None else pid, []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text() if entry.name.isdigit() else ""
+            if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
+def private_mib(pids) -> float | None:
+    """Memory the processes ``pids`` hold on their own now: their private pages (/proc/<pid>/smaps_rollup), so pages a
+    forked DataLoader worker still shares with this process are not counted again. (``RUSAGE_CHILDREN`` counts only
+    children that ended and were waited for; the persistent workers are alive when an arm is read.) None where /proc
+    has no such figures."""
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total, seen = total + int(line.split()[1]), True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1024 if seen else None
 
 
 def _device_name(device: torch.device) -> str:
@@ -277,6 +332,10 @@ class BaselinePath:
                                                   pin_memory=device.type == "cuda", persistent_workers=workers > 0)
         self.running_loss = 0.0
 
+    def worker_pids(self) -> list[int]:
+        """The DataLoader's (persistent) worker processes, not other children (inductor's compile workers)."""
+        return [w.pid for w in getattr(self.loader._iterator, "_workers", None) or []]
+
     def batches(self):
         while True:
             for xb, yb in self.loader:
@@ -350,6 +409,7 @@ def throughput(args) -> dict:
                                                        for k, (v, n) in peaks.items()))
 
     results = {}
+    reset_peak_rss()
     ours = VitsweepPath(cfg, precision, compile_model)
     print(f"data: {len(ours.data.y_train)} training images {tuple(ours.data.image_shape)}")
     xb, yb = next(iter(ours.loader))
@@ -362,15 +422,17 @@ def throughput(args) -> dict:
     settings = (f"precision {precision}, compile {'on' if compile_model else 'off'}, channels_last "
                 f"{'on' if ours.channels_last else 'off'}, AdamW {_adamw_kind(ours.optimizer)}")
     del ours
+    gc.collect()
 
+    reset = reset_peak_rss()  # the baseline's own peak, not the larger of both arms' (what vitsweep left is counted)
     data = build_data(cfg["dataset"], args.seed)  # host copies for the tutorial's PIL dataset
     base = BaselinePath(cfg, data, device, args.workers)
     base_flops = flops_per_image(base.model, xb.contiguous(), yb)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     r = time_path(base, args.warmup, args.steps)
-    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device),
-             workers_rss=peak_rss_mib(children=True))
+    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device), workers_mib=private_mib(base.worker_pids()),
+             rss_reset=reset)
     results["baseline"] = r
     del base
 
@@ -382,8 +444,10 @@ def throughput(args) -> dict:
         f = base_flops if name == "baseline" else flops
         gflops = f * r["images_per_s"] / 1e9
         mem = f"peak RSS {r['rss']:.0f} MiB"
-        if name == "baseline" and args.workers:
-            mem += f" (+ workers {r['workers_rss']:.0f} MiB)"
+        if name == "baseline" and not r["rss_reset"]:
+            mem += " (the process's peak: both arms)"
+        if name == "baseline" and args.workers and r["workers_mib"] is not None:
+            mem += f" (+ workers' private memory {r['workers_mib']:.0f} MiB at the end)"
         if r["cuda"] is not None:
             mem += f", CUDA max allocated {r['cuda']:.0f} MiB"
         print(f"{label}: {r['images_per_s']:8.1f} images/s | {r['step_s'] * 1e3:7.1f} ms/step | "

@@ -1,4 +1,6 @@
 """The arithmetic behind benchmarks/throughput.py's and step_profile.py's figures: images counted as trained."""
+import subprocess
+import sys
 import time
 
 import pytest
@@ -39,3 +41,31 @@ def test_an_override_of_the_batch_size_is_the_batch_the_profile_times():
 
     args = parse_args(["--override", "trainer.batch_size=32"])
     assert throughput.compose(args)["trainer"]["batch_size"] == 32  # --batch (128) is overridden: count, not assume
+
+
+def test_each_arms_peak_rss_is_its_own():
+    """The baseline arm runs after vitsweep's in one process, and ru_maxrss never falls: the baseline's "peak RSS" was
+    the larger of the two arms'. The peak is now reset between the arms (Linux's VmHWM)."""
+    big = bytearray(256 * 2**20)
+    big[::4096] = b"\x01" * len(range(0, len(big), 4096))  # every page resident
+    high = throughput.peak_rss_mib()
+    del big
+    assert throughput.reset_peak_rss()
+    assert throughput.peak_rss_mib() < high - 200
+
+
+def test_the_workers_memory_is_that_of_the_live_workers():
+    """The figure was RUSAGE_CHILDREN's: children that ended and were waited for, while the DataLoader's persistent
+    workers are alive when the arm is read; what it printed ("+ workers 519 MiB") came from children that had ended
+    (such as the `uname -p` that platform.processor() forks, whose peak holds this process's pages at the fork). A live
+    child holding 96 MiB of its own now reads as such."""
+    code = ("import sys; b = bytearray(96 * 2**20); b[::4096] = b'\\x01' * (len(b) // 4096);"
+            " print('ready', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert 96 <= throughput.private_mib(throughput.child_pids()) < 96 + 64
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
