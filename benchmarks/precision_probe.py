@@ -10,7 +10,6 @@ choice. On a CPU without native bf16 ``auto`` is fp32 without measuring; the tab
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch  # noqa: E402
 
 from src.models.cnn import WidthCNN  # noqa: E402
 from src.models.vit import ViT  # noqa: E402
-from src.run_setup import measure_precision  # noqa: E402
+from src.run_setup import machine_name, measure_precision  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 
 SHAPE = (1, 32, 32)  # MNIST at 32 px, as in the EPFL studies
@@ -43,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"CPU: {platform.processor() or platform.machine()}; native bf16: {cpu_has_fast_bf16()}; "
+    print(f"CPU: {machine_name(torch.device('cpu'))}; native bf16: {cpu_has_fast_bf16()}; "
           f"threads: {torch.get_num_threads()}; batch {args.batch}")
     print("| model | fp32 ms | bf16 ms | fp32 / bf16 | auto picks |")
     print("|---|---|---|---|---|")

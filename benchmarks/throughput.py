@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import resource
 import sys
 import time
@@ -45,7 +44,7 @@ from torch import nn  # noqa: E402
 from src.data import DataSplits, build_data  # noqa: E402
 from src.device_setup import setup_device  # noqa: E402
 from src.loop import train_step  # noqa: E402
-from src.run_setup import build_model, setup  # noqa: E402
+from src.run_setup import build_model, machine_name, setup  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
 from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
@@ -374,7 +373,7 @@ def time_path(path, warmup: int, steps: int) -> dict:
 
 # ----------------------------------------------------------------------------- modes
 def header(args, device: torch.device) -> None:
-    print(f"# vitsweep throughput | torch {torch.__version__} | {platform.processor() or platform.machine()} | "
+    print(f"# vitsweep throughput | torch {torch.__version__} | {machine_name(torch.device('cpu'))} | "
           f"device {device} ({_device_name(device)})"
           f" | {load()}")
     if device.type == "cpu":

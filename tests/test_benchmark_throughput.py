@@ -69,3 +69,22 @@ def test_the_workers_memory_is_that_of_the_live_workers():
     finally:
         child.stdin.close()
         child.wait(timeout=30)
+
+
+def test_the_figures_name_the_cpu(capsys, monkeypatch):
+    """platform.processor() is empty on Linux: throughput.py's header read "x86_64" (docs/benchmarks/profile/
+    cpu_speed_2026-11-26.txt) and precision_probe.py's "CPU: x86_64", not the CPU whose figures they were."""
+    from src import probe_cache
+
+    name = probe_cache.cpu_fields().get("model name")
+    if not name:
+        pytest.skip("no model name in /proc/cpuinfo")
+    throughput.header(None, torch.device("cpu"))
+    assert name in capsys.readouterr().out
+
+    from benchmarks import precision_probe
+
+    monkeypatch.setattr(precision_probe, "models", lambda: [])
+    monkeypatch.setattr(sys, "argv", ["precision_probe.py"])
+    precision_probe.main()
+    assert name in capsys.readouterr().out
