@@ -82,13 +82,7 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     peak = max(peaks)
     if proc.returncode:
         sys.exit(f"{name}: exit {proc.returncode}\n{''.join(log[-40:])}")
-    runs, by_job = {}, {}
-    for d in sorted(out.iterdir()):
-        if (d / "summary.json").is_file():
-            s = json.loads((d / "summary.json").read_text())
-            key = (d / ".hydra" / "overrides.yaml").read_text()
-            runs[key] = by_job[d.name] = s  # a sweep's run dir is named by its job number
-    images = sum(s["steps"] * args.batch for s in runs.values())
+    runs, by_job, images = read_runs(out, args.batch)
     jobs = launcher_jobs(log, by_job)
     gpu = max((s.get("peak_gpu_mem_gib", 0.0) for s in runs.values()), default=0.0)
     per_run = sorted(s["train_images_per_s"] for s in runs.values())
@@ -96,6 +90,30 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak, "gpu": gpu,
             "run_images_per_s": per_run[len(per_run) // 2], "jobs": jobs, "workers": workers,
             "run_s": own_seconds(runs.values())}
+
+
+def run_batch(run_dir: Path, default: int) -> int:
+    """``trainer.batch_size`` of one run, from the config Hydra saved in its run dir (``default`` where unreadable)."""
+    import yaml
+
+    try:
+        return int(yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["trainer"]["batch_size"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return default
+
+
+def read_runs(out: Path, default_batch: int) -> tuple[dict, dict, int]:
+    """The finished runs of a sweep dir, by their overrides and by their job number (a sweep's run dir is named by it),
+    and the training images they took: each run's steps at its own batch (the train loader drops a last partial
+    batch, so a step is a whole batch)."""
+    runs, by_job, images = {}, {}, 0
+    for d in sorted(out.iterdir()):
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            key = (d / ".hydra" / "overrides.yaml").read_text()
+            runs[key] = by_job[d.name] = s
+            images += s["steps"] * run_batch(d, default_batch)
+    return runs, by_job, images
 
 
 def share(summary: dict) -> float:
@@ -147,7 +165,8 @@ def main() -> None:
     p.add_argument("--grid", nargs="+", default=GRID, help="sweep overrides (the grid)")
     p.add_argument("--data", nargs="+", default=DATA, help="dataset overrides")
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128, help="trainer.batch_size the config uses (for images/s)")
+    p.add_argument("--batch", type=int, default=128,
+                   help="trainer.batch_size for images/s where a run dir holds no .hydra/config.yaml")
     p.add_argument("--modes", nargs="+", default=["basic", "vectorized"], choices=list(MODES))
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every mode")
     p.add_argument("--device", default="cpu", help="trainer.device of every run (cpu, cuda)")
