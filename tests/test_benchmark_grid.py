@@ -1,5 +1,6 @@
 """benchmarks/grid.py's accounting: the launcher's efficiency against the ideal is a figure the docs quote."""
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,26 @@ def test_the_summed_images_are_each_runs_steps_at_its_own_batch(grid, tmp_path):
     runs, by_job, images = grid.read_runs(tmp_path, default_batch=128)
     assert images == 96 * 64 + 48 * 128
     assert set(by_job) == {"0", "1"} and len(runs) == 2
+
+
+def test_the_trees_memory_counts_shared_pages_once(grid):
+    """The tree's figure summed each process's RSS, so pages a forked worker shares with its parent (the launcher's
+    fork server holds torch for every worker) counted once per process. A parent holding 128 MiB and a forked child
+    that shares them: about 256 MiB of RSS, 128 MiB of memory (PSS)."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, time; b = bytearray(128 * 2**20); b[::4096] = b'\\x01' * (len(b) // 4096)\n"
+            "if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print('ready', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        mem = grid.tree_memory(proc.pid)
+        assert mem["rss"] > 2 * 128 * 2**20
+        assert 128 * 2**20 < mem["pss"] < (128 + 48) * 2**20
+    finally:
+        for pid in grid.tree_pids(proc.pid) - {proc.pid}:
+            os.kill(pid, 9)
+        proc.stdin.close()
+        proc.wait(timeout=30)
