@@ -88,3 +88,40 @@ def test_the_figures_name_the_cpu(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["precision_probe.py"])
     precision_probe.main()
     assert name in capsys.readouterr().out
+
+
+def test_the_precision_probe_times_each_precision_with_the_attention_path_a_run_would_pick(capsys, monkeypatch):
+    """A run with model.attention=auto times each precision with the path its own attention probe picks (the bf16 of
+    the double-descent ViT lost 2x with sdpa and won 1.7x with explicit); precision_probe.py timed the ViTs with the
+    model's default path, so its "auto picks" column was not what a run picks."""
+    from benchmarks import precision_probe
+    from src.models.cnn import WidthCNN
+    from src.models.vit import ViT
+
+    calls = []
+
+    def fake(model, shape, classes, batch, channels_last, prepare=None):
+        calls.append((type(model).__name__, prepare))
+        seconds = {"fp32": 0.002, "bf16": 0.001}
+        return ("bf16", seconds, {"fp32": {"attention": "sdpa"}, "bf16": {"attention": "explicit"}}) if prepare \
+            else ("bf16", seconds)
+
+    vit = ViT(32, 1, 10, patch=4, dim=8, depth=1, heads=2, mlp_dim=16, dropout=0.0)
+    monkeypatch.setattr(precision_probe, "models", lambda: [("cnn C1=1", WidthCNN(32, 1, 10, width=1)), ("vit", vit)])
+    monkeypatch.setattr(precision_probe, "measure_precision", fake)
+    monkeypatch.setattr(sys, "argv", ["precision_probe.py"])
+    precision_probe.main()
+    assert calls[0] == ("WidthCNN", None) and calls[1][0] == "ViT" and callable(calls[1][1])
+    assert "explicit" in capsys.readouterr().out
+
+
+def test_an_attention_probe_without_a_shape_measures_afresh():
+    """resolve_attention's shape is optional (no shape: nothing to reuse from the probe cache), but it built the cache
+    key from it first: precision_probe.py's call without one raised TypeError."""
+    from src.device_setup import resolve_attention
+    from src.models.vit import ViT
+
+    vit = ViT(32, 1, 10, patch=8, dim=8, depth=1, heads=2, mlp_dim=16, dropout=0.0)
+    facts = resolve_attention(vit, 4, torch.device("cpu"), "fp32")
+    assert facts["attention"] in ("sdpa", "math", "explicit") and "attention_probe_cached" not in facts
+    assert vit.attention_path() == facts["attention"]
