@@ -39,6 +39,7 @@ if __name__ == "__main__":  # the same glibc malloc settings as `python -m src.t
 import torch  # noqa: E402
 
 from benchmarks.throughput import VitsweepPath, flops_per_image, load, matmul_peak, sync, time_path  # noqa: E402
+from src.device_setup import setup_device  # noqa: E402
 from src.validate import resolve_precision, select_device  # noqa: E402
 
 GROUPS = ("matmul", "attention", "elementwise and norm", "optimizer", "data", "other")
@@ -175,6 +176,7 @@ def report(args) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = compose(args)
+    setup_device(device, cfg["trainer"])  # the run's settings (TF32 on CUDA) before the peaks, as throughput.py does
     precision = resolve_precision(args.precision, device)
     compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
     if args.fallback_random:
@@ -192,8 +194,9 @@ def report(args) -> str:
     out()
     out(f"- machine: {dev}; torch {torch.__version__}, {torch.get_num_threads()} threads; {load()} at start")
     peaks = {name: matmul_peak(device, dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    out("- dense matmul peak measured in this run: " + ", ".join(f"{k} {v:.1f} GFLOP/s (n={n})"
-                                                                  for k, (v, n) in peaks.items()))
+    tf32 = " (TF32 allowed)" if device.type == "cuda" else ""
+    out("- dense matmul peak measured in this run: " + ", ".join(
+        f"{k} {v:.1f} GFLOP/s (n={n}){tf32 if k == 'fp32' else ''}" for k, (v, n) in peaks.items()))
     path = VitsweepPath(cfg, precision, compile_model)
     m = cfg["model"]
     sizes = ", ".join(f"{k} {m[k]}" for k in m if k != "_target_")

@@ -105,3 +105,25 @@ def test_cpu_self_time_is_each_ops_own():
     per_op, groups, total = tally([linear, addmm, data, index], torch.device("cpu"))
     assert total == pytest.approx(120.0)  # linear's own 20, addmm 80, index 20; the data scope's own time is not an op
     assert groups["matmul"] == pytest.approx(100.0) and groups["data"] == pytest.approx(20.0)
+
+
+def test_the_peaks_are_measured_under_the_runs_device_settings(monkeypatch):
+    """throughput.py measures the matmul peak after the trainer's device settings (TF32 on CUDA); step_profile.py
+    measured it before them, so its CUDA "fp32 peak" was plain fp32 (50.9 TFLOP/s on the H200, quoted as TF32) while
+    throughput.py's was TF32 (361 TFLOP/s on an H200): the two scripts' "% of the fp32 peak" had other denominators."""
+    from benchmarks import step_profile
+
+    order = []
+
+    class Stop(Exception):
+        pass
+
+    def peak(device, dtype):
+        order.append("matmul_peak")
+        raise Stop
+
+    monkeypatch.setattr(step_profile, "setup_device", lambda device, t: order.append("setup_device"))
+    monkeypatch.setattr(step_profile, "matmul_peak", peak)
+    with pytest.raises(Stop):
+        step_profile.report(step_profile.parse_args(["--model", "cnn", "--width", "1", "--device", "cpu"]))
+    assert order == ["setup_device", "matmul_peak"]
