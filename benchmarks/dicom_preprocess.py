@@ -22,9 +22,12 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from src.data import mammo  # noqa: E402
 from src.data.dicom import read_dicom  # noqa: E402
 from src.data.synthetic_dicom import phantom, write_dicom  # noqa: E402
+from src.run_setup import machine_name  # noqa: E402
 
 
 def synthetic_tree(folder: Path, n: int, shape: tuple[int, int], syntax: str, seed: int = 0) -> list[Path]:
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1664)
     ap.add_argument("--syntax", default="j2k", help="raw | rle | j2k | j2k_lossy | jpegls | jpeg_sv1")
     args = ap.parse_args()
+    print(f"CPU: {machine_name(torch.device('cpu'))}, {os.cpu_count()} CPUs")
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

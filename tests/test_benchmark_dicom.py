@@ -1,6 +1,8 @@
 """benchmarks/dicom_preprocess.py's decode figure."""
 import time
 
+import pytest
+
 from benchmarks import dicom_preprocess
 
 
@@ -18,3 +20,18 @@ def test_the_decode_figure_leaves_the_first_reads_warm_up_out():
     calls.clear()
     seconds, timed = dicom_preprocess.decode_seconds(["a"], k=4, read=read)
     assert timed == 1 and calls == ["a", "a"]
+
+
+def test_the_figures_name_the_cpu(capsys, monkeypatch):
+    """Its images/s named the core count, not the CPU whose figures they were."""
+    import sys
+
+    from src import probe_cache
+
+    name = probe_cache.cpu_fields().get("model name")
+    if not name:
+        pytest.skip("no model name in /proc/cpuinfo")
+    monkeypatch.setattr(sys, "argv", ["dicom_preprocess.py", "--n", "1", "--height", "64", "--width", "64",
+                                      "--workers", "1", "--image-size", "16"])
+    dicom_preprocess.main()
+    assert name in capsys.readouterr().out
