@@ -6,11 +6,12 @@
 
 One run of the study's recipe (``python -m src.train +sweeps=STUDY``, its own process, as a sweep runs it) at
 ``--n-train`` images for ``--epochs`` epochs; its ``metrics.jsonl`` gives each epoch's wall time and training
-throughput. Printed per run: seconds per epoch (median over the epochs after the first), of which training
-steps (n_train / the epoch's training images/s) and the rest (evaluation of the train split, test scoring
-every ``trainer.test_every`` epochs, the epoch's bookkeeping); the FLOP limit of the training steps (the model's
-forward + backward FLOPs per image x n_train / the matmul peak measured in this run for the run's precision);
-and the per-step time that is neither (per-step Python and framework overhead), as ``step time - limit``.
+throughput. Printed per run: seconds per epoch (median over the epochs after the first), of which training steps
+(the epoch's images, its steps x the run's batch, over its training images/s) and the rest (evaluation of the train
+split, test scoring every ``trainer.test_every`` epochs, the epoch's bookkeeping); the FLOP limit of the training steps
+(the model's forward + backward FLOPs per image x the epoch's images / the matmul peak measured in this run for the
+run's precision); and the per-step time that is neither (per-step Python and framework overhead), as
+``step time - limit``.
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from benchmarks.step_profile import machine  # noqa: E402
 from benchmarks.throughput import VitsweepPath, compose, flops_per_image, load, matmul_peak  # noqa: E402
 
 
-def run_epochs(args, size: list[str], run_dir: Path) -> tuple[list[dict], dict]:
+def run_epochs(args, size: list[str], run_dir: Path) -> tuple[list[dict], dict, int]:
     cmd = [sys.executable, "-m", "src.train", "--config-dir", str(ROOT), f"+sweeps={args.study}", *size,
            f"dataset.root={Path(args.root).resolve()}", f"dataset.n_train={args.n_train}",
            f"trainer.max_epochs={args.epochs}", "trainer.converge_epochs=null", "trainer.progress=false",
@@ -39,7 +41,19 @@ def run_epochs(args, size: list[str], run_dir: Path) -> tuple[list[dict], dict]:
            *args.override]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return rows, json.loads((run_dir / "summary.json").read_text())
+    batch = int(yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["trainer"]["batch_size"])
+    return rows, json.loads((run_dir / "summary.json").read_text()), batch
+
+
+def epoch_split(rows: list[dict], batch: int) -> dict:
+    """Median seconds per epoch over the epochs after the first, and of them the training steps': an epoch's images
+    (its steps at the run's batch: the train loader drops a last partial batch) over its training images/s."""
+    epochs = [r for r in rows if "images_per_s" in r]
+    walls = [b["wall_s"] - a["wall_s"] for a, b in zip(epochs, epochs[1:], strict=False)]  # epochs 2..
+    steps = [b["step"] - a["step"] for a, b in zip(epochs, epochs[1:], strict=False)]
+    train = [n * batch / r["images_per_s"] for n, r in zip(steps, epochs[1:], strict=True)]
+    n = int(statistics.median(steps))
+    return {"epoch_s": statistics.median(walls), "train_s": statistics.median(train), "steps": n, "images": n * batch}
 
 
 def main(argv=None) -> None:
@@ -60,11 +74,9 @@ def main(argv=None) -> None:
     size += [f"model.dim={args.dim}", f"model.mlp_dim={2 * args.dim}"] if args.dim else []
     label = f"{args.study} {' '.join(size + args.override)}"
     with tempfile.TemporaryDirectory() as tmp:
-        rows, summary = run_epochs(args, size, Path(tmp) / "run")
-    epochs = [r for r in rows if "images_per_s" in r]
-    walls = [b["wall_s"] - a["wall_s"] for a, b in zip(epochs, epochs[1:], strict=False)]  # epochs 2..
-    train = [args.n_train / r["images_per_s"] for r in epochs[1:]]
-    epoch_s, train_s = statistics.median(walls), statistics.median(train)
+        rows, summary, batch = run_epochs(args, size, Path(tmp) / "run")
+    split = epoch_split(rows, batch)
+    epoch_s, train_s, steps = split["epoch_s"], split["train_s"], split["steps"]
     # the model's FLOPs and the peak of the run's precision, measured here (same threads)
     ns = argparse.Namespace(model=args.model, batch=128, lr=0.05, device="cpu", seed=0, threads=args.threads,
                             npz=None, synthetic_n=256, augment=None, override=[f"+sweeps={args.study}",
@@ -75,8 +87,7 @@ def main(argv=None) -> None:
     flops = flops_per_image(path.model, xb, yb)
     dtype = torch.bfloat16 if summary["precision"] == "bf16" else torch.float32
     peak = matmul_peak(torch.device("cpu"), dtype)[0]
-    limit = flops * args.n_train / (peak * 1e9)
-    steps = -(-args.n_train // 128)
+    limit = flops * split["images"] / (peak * 1e9)
     print(f"| {label} | {summary['precision']} | {epoch_s:.3f} | {train_s:.3f} ({train_s / epoch_s:.0%}) | "
           f"{epoch_s - train_s:.3f} ({(epoch_s - train_s) / epoch_s:.0%}) | {limit:.4f} | "
           f"{1e3 * (train_s - limit) / steps:.2f} | {flops / 1e6:.2f} | {peak:.0f} |")

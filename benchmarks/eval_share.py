@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     print(f"# eval_share  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  CPU: {cpu_model()} "
           f"({torch.get_num_threads()} torch threads -> {args.threads}; native bf16: {cpu_has_fast_bf16()})")
-    print(f"# data: {args.root or 'synthetic 1x32x32'}; n_train 1024, 10,000 test images; batch 128; "
+    tests = "the .npz's test images" if args.root else f"{args.n_test:,} test images"
+    print(f"# data: {args.root or 'synthetic 1x32x32'}; n_train 1024, {tests}; batch 128; "
           f"medians over {args.epochs} epochs after a warm-up; shares for a {args.run_epochs}-epoch run at "
           f"eval_every=1 (after: test_every={args.test_every})")
     head = (f"{'C1':>3} {'prec':>5} | {'train s/ep':>10} | {'score train 256/1024':>20} | "

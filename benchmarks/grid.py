@@ -6,8 +6,9 @@
 
 Each mode runs the same multirun (`python -m src.train -m ...`, progress bars off) in its own sweep dir
 under ``--out``, one mode after the other. Printed per mode: wall time, summed training images/s (all
-runs' training images / wall time), the ratio of wall times against the basic launcher, peak memory
-(resident set of the whole process tree, sampled every 0.5 s), the largest difference of every run's
+runs' training images / wall time), the ratio of wall times against the basic launcher, peak memory of the
+whole process tree, sampled every 0.5 s (its summed resident sets, which count a page n processes share n times, and
+PSS, which counts it once: the memory the tree takes), the largest difference of every run's
 final test error and train loss from the basic launcher's run of the same config, and the efficiency: the
 runs' own wall times spread over the workers (the ideal) against the grid's wall time, with the per-job and
 pool overheads that make up the gap.
@@ -32,8 +33,8 @@ MODES = {"basic": [], "vectorized": ["hydra/launcher=vectorized"],
          "stacked": ["hydra/launcher=vectorized", "hydra.launcher.stack=always"]}
 
 
-def tree_rss(root: int) -> int:
-    """Bytes resident in ``root`` and all its descendants (from /proc)."""
+def tree_pids(root: int) -> set[int]:
+    """``root`` and all its descendants (from /proc)."""
     parents: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -47,13 +48,23 @@ def tree_rss(root: int) -> int:
         kids = [p for p, pp in parents.items() if pp in frontier and p not in tree]
         tree.update(kids)
         frontier = kids
-    total = 0
-    for pid in tree:
+    return tree
+
+
+def tree_memory(root: int) -> dict[str, int]:
+    """Bytes of ``root`` and all its descendants: ``rss``, the sum of their resident sets (a page shared by n processes,
+    such as torch's in forked workers and the fork server, or a shared library's, counts n times), and ``pss``, the
+    sum of their proportional sets (each such page counted once over the tree: the memory the tree takes)."""
+    rss = pss = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid in tree_pids(root):
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
+            rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            pss += next(int(line.split()[1]) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+                        if line.startswith("Pss:")) * 1024
+        except (OSError, IndexError, ValueError, StopIteration):
             continue
-    return total
+    return {"rss": rss, "pss": pss}
 
 
 def run_mode(name: str, args: argparse.Namespace) -> dict:
@@ -62,7 +73,7 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
            "trainer.progress=false", f"trainer.device={args.device}", "trainer.checkpoint=false",
            f"hydra.sweep.dir={out}", *MODES[name], *args.extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    start, peaks = time.perf_counter(), [0]
+    start, peaks = time.perf_counter(), [{"rss": 0, "pss": 0}]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)
@@ -70,7 +81,7 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
 
     def sample() -> None:  # every 0.5 s: scanning /proc costs CPU the grid would otherwise use
         while proc.poll() is None:
-            peaks.append(tree_rss(proc.pid))
+            peaks.append(tree_memory(proc.pid))
             time.sleep(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -79,23 +90,42 @@ def run_mode(name: str, args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - start
     reader.join()
     sampler.join()
-    peak = max(peaks)
+    peak, peak_pss = max(m["rss"] for m in peaks), max(m["pss"] for m in peaks)
     if proc.returncode:
         sys.exit(f"{name}: exit {proc.returncode}\n{''.join(log[-40:])}")
-    runs, by_job = {}, {}
-    for d in sorted(out.iterdir()):
-        if (d / "summary.json").is_file():
-            s = json.loads((d / "summary.json").read_text())
-            key = (d / ".hydra" / "overrides.yaml").read_text()
-            runs[key] = by_job[d.name] = s  # a sweep's run dir is named by its job number
-    images = sum(s["steps"] * args.batch for s in runs.values())
+    runs, by_job, images = read_runs(out, args.batch)
     jobs = launcher_jobs(log, by_job)
     gpu = max((s.get("peak_gpu_mem_gib", 0.0) for s in runs.values()), default=0.0)
     per_run = sorted(s["train_images_per_s"] for s in runs.values())
     workers = max(1, len({w for _, w in jobs})) if jobs else 1
-    return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak, "gpu": gpu,
+    return {"name": name, "wall": wall, "runs": runs, "images_per_s": images / wall, "peak": peak,
+            "peak_pss": peak_pss, "gpu": gpu,
             "run_images_per_s": per_run[len(per_run) // 2], "jobs": jobs, "workers": workers,
             "run_s": own_seconds(runs.values())}
+
+
+def run_batch(run_dir: Path, default: int) -> int:
+    """``trainer.batch_size`` of one run, from the config Hydra saved in its run dir (``default`` where unreadable)."""
+    import yaml
+
+    try:
+        return int(yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["trainer"]["batch_size"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return default
+
+
+def read_runs(out: Path, default_batch: int) -> tuple[dict, dict, int]:
+    """The finished runs of a sweep dir, by their overrides and by their job number (a sweep's run dir is named by it),
+    and the training images they took: each run's steps at its own batch (the train loader drops a last partial
+    batch, so a step is a whole batch)."""
+    runs, by_job, images = {}, {}, 0
+    for d in sorted(out.iterdir()):
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            key = (d / ".hydra" / "overrides.yaml").read_text()
+            runs[key] = by_job[d.name] = s
+            images += s["steps"] * run_batch(d, default_batch)
+    return runs, by_job, images
 
 
 def share(summary: dict) -> float:
@@ -147,7 +177,8 @@ def main() -> None:
     p.add_argument("--grid", nargs="+", default=GRID, help="sweep overrides (the grid)")
     p.add_argument("--data", nargs="+", default=DATA, help="dataset overrides")
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128, help="trainer.batch_size the config uses (for images/s)")
+    p.add_argument("--batch", type=int, default=128,
+                   help="trainer.batch_size for images/s where a run dir holds no .hydra/config.yaml")
     p.add_argument("--modes", nargs="+", default=["basic", "vectorized"], choices=list(MODES))
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every mode")
     p.add_argument("--device", default="cpu", help="trainer.device of every run (cpu, cuda)")
@@ -164,6 +195,7 @@ def main() -> None:
                      abs(s["train_loss"] - base["runs"][k]["train_loss"])) for k, s in r["runs"].items()]
         print(f"{r['name']:>10}: {len(r['runs'])} runs in {r['wall']:7.1f} s | {r['images_per_s']:8.0f} train images/s"
               f" | {base['wall'] / r['wall']:5.2f}x {base['name']} | peak RSS {r['peak'] / 2**30:5.2f} GiB"
+              f" (PSS {r['peak_pss'] / 2**30:5.2f} GiB)"
               f" | max |diff| vs {base['name']} (test error, train loss) {max(diffs):.2e}")
         print(f"{'':>10}  {efficiency(r)}")
         print(f"{'':>10}  median train images/s of one run (a stacked member's own) {r['run_images_per_s']:8.0f}"

@@ -4,13 +4,14 @@
     python benchmarks/precision_probe.py --threads 1     # as the vectorized launcher runs them (one thread each)
 
 For each model it runs ``src.run_setup.measure_precision`` (the probe ``auto`` runs at a run's start: median
-forward + backward seconds of a 128-image batch in fp32 and in bf16) and prints both times, their ratio and the
-choice. On a CPU without native bf16 ``auto`` is fp32 without measuring; the table is printed anyway.
+forward + backward seconds of a 128-image batch in fp32 and in bf16; a ViT's each with the attention path its own
+probe picks under that precision, as a run with ``model.attention=auto`` does) and prints both times, with the ViTs'
+paths, their ratio and the choice. On a CPU without native bf16 ``auto`` is fp32 without measuring; the table is
+printed anyway.
 """
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from pathlib import Path
 
@@ -19,9 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from src.device_setup import resolve_attention  # noqa: E402
 from src.models.cnn import WidthCNN  # noqa: E402
 from src.models.vit import ViT  # noqa: E402
-from src.run_setup import measure_precision  # noqa: E402
+from src.run_setup import machine_name, measure_precision  # noqa: E402
 from src.validate import cpu_has_fast_bf16  # noqa: E402
 
 SHAPE = (1, 32, 32)  # MNIST at 32 px, as in the EPFL studies
@@ -43,17 +45,23 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"CPU: {platform.processor() or platform.machine()}; native bf16: {cpu_has_fast_bf16()}; "
+    print(f"CPU: {machine_name(torch.device('cpu'))}; native bf16: {cpu_has_fast_bf16()}; "
           f"threads: {torch.get_num_threads()}; batch {args.batch}")
     print("| model | fp32 ms | bf16 ms | fp32 / bf16 | auto picks |")
     print("|---|---|---|---|---|")
+    cpu = torch.device("cpu")
     for name, model in models():
-        chosen, s = measure_precision(model.to(memory_format=torch.channels_last) if name.startswith("cnn") else model,
-                                       SHAPE, 10, args.batch, name.startswith("cnn"))  # CNNs train channels_last
+        cnn = name.startswith("cnn")
+        # as a run's set-up does: with model.attention=auto each precision is timed with the path its own attention
+        # probe picks (src.run_setup.setup), not with the model's default path
+        pick = ((lambda m, p: resolve_attention(m, args.batch, cpu, p, f" under {p}"))
+                if getattr(model, "attention", None) == "auto" else None)
+        chosen, s, *paths = measure_precision(model.to(memory_format=torch.channels_last) if cnn else model,
+                                              SHAPE, 10, args.batch, cnn, pick)  # CNNs train channels_last
         chosen = chosen if cpu_has_fast_bf16() else "fp32"
-        print(f"| {name} | {1e3 * s['fp32']:.1f} | {1e3 * s['bf16']:.1f} | {s['fp32'] / s['bf16']:.2f} | {chosen} |",
-              flush=True)
-
+        timed = {p: f" ({f['attention']})" for p, f in paths[0].items() if "attention" in f} if paths else {}
+        print(f"| {name} | {1e3 * s['fp32']:.1f}{timed.get('fp32', '')} | {1e3 * s['bf16']:.1f}{timed.get('bf16', '')} "
+              f"| {s['fp32'] / s['bf16']:.2f} | {chosen} |", flush=True)
 
 if __name__ == "__main__":
     main()

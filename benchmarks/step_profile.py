@@ -39,6 +39,7 @@ if __name__ == "__main__":  # the same glibc malloc settings as `python -m src.t
 import torch  # noqa: E402
 
 from benchmarks.throughput import VitsweepPath, flops_per_image, load, matmul_peak, sync, time_path  # noqa: E402
+from src.device_setup import setup_device  # noqa: E402
 from src.validate import resolve_precision, select_device  # noqa: E402
 
 GROUPS = ("matmul", "attention", "elementwise and norm", "optimizer", "data", "other")
@@ -72,7 +73,7 @@ def group_of(name: str, scopes: tuple[str, ...]) -> str:
 FUSED_ATTENTION = r"scaled_dot_product|flash|efficient_attention|fmha|cudnn_attention"
 
 
-def flop_op_ceiling(flops_per_image: float, batch: int, per_op: dict[tuple[str, str], list], steps: int,
+def flop_op_ceiling(flops_per_image: float, batch: float, per_op: dict[tuple[str, str], list], steps: int,
                     peak_gflops: float) -> dict[str, float]:
     """The step's ceiling if every op but the FLOP-doing ones took no time: the matmul group and the fused
     attention kernels (``FUSED_ATTENTION``; not the softmax of the explicit path, which is element-wise work).
@@ -135,23 +136,36 @@ def _scopes(event) -> tuple[str, ...]:
 
 
 def tally(events, device: torch.device) -> tuple[dict[tuple[str, str], list], dict[str, float], float]:
-    """Self time per (op name, group) as [calls, microseconds] and per group, in the device's time."""
+    """Self time per (op name, group) as [calls, microseconds] and per group, in the device's time.
+
+    On CUDA a kernel appears twice in the events: in its launching op's kernel list (the op's self device time) and
+    as an event of its own, with no CPU parent. Each kernel is counted once, under its launching op (which knows its
+    scope: optimizer step, data); device time no op claims (a kernel whose link the trace lacks) is one row of
+    ``other``. The GPU spans of ``record_function`` scopes are not kernels and are not counted."""
     per_op: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
     groups: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
     cuda = device.type == "cuda"
+    kernels_us = claimed_us = 0.0
     for e in events:
-        if cuda:
-            t = getattr(e, "self_device_time_total", None)
-            t = e.self_cuda_time_total if t is None else t
-        else:
-            t = e.self_cpu_time_total
+        if cuda and getattr(e.device_type, "name", "CPU") != "CPU":  # a kernel, memcpy or a scope's GPU span
+            if not getattr(e, "is_user_annotation", False) and not e.name.startswith(("data", "Optimizer.",
+                                                                                       "ProfilerStep")):
+                kernels_us += e.time_range.elapsed_us()
+            continue
+        t = sum(k.duration for k in e.kernels) if cuda else e.self_cpu_time_total
         if not t or e.name in ("data",) or e.name.startswith(("Optimizer.", "ProfilerStep")):
             continue
+        claimed_us += t if cuda else 0.0
         g = group_of(e.name, _scopes(e))
         row = per_op[e.name, g]
         row[0] += 1
         row[1] += t
         groups[g] += t
+    if cuda and kernels_us - claimed_us > 0.5:
+        row = per_op["(device time of kernels no op launched)", "other"]
+        row[0] += 1
+        row[1] += kernels_us - claimed_us
+        groups["other"] += kernels_us - claimed_us
     return per_op, groups, sum(groups.values())
 
 
@@ -162,6 +176,7 @@ def report(args) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = compose(args)
+    setup_device(device, cfg["trainer"])  # the run's settings (TF32 on CUDA) before the peaks, as throughput.py does
     precision = resolve_precision(args.precision, device)
     compile_model = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
     if args.fallback_random:
@@ -179,13 +194,14 @@ def report(args) -> str:
     out()
     out(f"- machine: {dev}; torch {torch.__version__}, {torch.get_num_threads()} threads; {load()} at start")
     peaks = {name: matmul_peak(device, dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    out("- dense matmul peak measured in this run: " + ", ".join(f"{k} {v:.1f} GFLOP/s (n={n})"
-                                                                  for k, (v, n) in peaks.items()))
+    tf32 = " (TF32 allowed)" if device.type == "cuda" else ""
+    out("- dense matmul peak measured in this run: " + ", ".join(
+        f"{k} {v:.1f} GFLOP/s (n={n}){tf32 if k == 'fp32' else ''}" for k, (v, n) in peaks.items()))
     path = VitsweepPath(cfg, precision, compile_model)
     m = cfg["model"]
     sizes = ", ".join(f"{k} {m[k]}" for k in m if k != "_target_")
-    out(f"- model `{args.model}` ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}); batch {args.batch}; data "
-        f"{cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
+    out(f"- model `{args.model}` ({m['_target_'].rsplit('.', 1)[-1]}: {sizes}); batch {cfg['trainer']['batch_size']}; "
+        f"data {cfg['dataset']['name']} {tuple(path.data.image_shape)}, augment {cfg['dataset']['augment']}; "
         f"{type(path.optimizer).__name__} lr {args.lr}; precision {precision}, compile "
         f"{'on' if compile_model else 'off'}{' (fallback_random)' if args.fallback_random else ''}")
     if "attention" in getattr(path, "info", {}):
@@ -193,7 +209,7 @@ def report(args) -> str:
         out(f"- attention path: **{path.info['attention']}** ({why})")
     xb, yb = next(iter(path.loader))
     flops = flops_per_image(path.model, xb, yb)
-    r = time_path(path, args.warmup + (2 if compile_model else 0), args.steps, args.batch)
+    r = time_path(path, args.warmup + (2 if compile_model else 0), args.steps)
     gflops = flops * r["images_per_s"] / 1e9
     out(f"- **{r['images_per_s']:.1f} images/s** ({r['step_s'] * 1e3:.1f} ms/step over {args.steps} steps, "
         f"no profiler); {flops / 1e9:.4f} GFLOP per image (forward + backward); **{gflops:.1f} GFLOP/s = "
@@ -210,7 +226,7 @@ def report(args) -> str:
     for g in GROUPS:
         out(f"| {g} | {groups[g] / 1e3 / args.profile_steps:.2f} | {groups[g] / max(total, 1e-9):.1%} |")
     out()
-    c = flop_op_ceiling(flops, args.batch, per_op, args.profile_steps, peaks["bf16"][0])
+    c = flop_op_ceiling(flops, r["images"] / args.steps, per_op, args.profile_steps, peaks["bf16"][0])
     out(f"- **where the gap to the bf16 peak goes**: the ops that do the FLOPs (matmuls, and fused attention "
         f"kernels where SDPA runs) take {c['ms_per_step']:.1f} ms/step (profiled), running the model's FLOPs at "
         f"{c['gflops']:.0f} GFLOP/s = **{c['share_of_peak']:.0%} of the bf16 peak**: the step's ceiling at this "

@@ -16,13 +16,14 @@ device's best settings (precision ``auto``, channels_last and fused AdamW on CUD
 
 Printed: images/s of each and their ratio; model FLOPs per image (forward + backward, counted by
 ``FlopCounterMode``), achieved GFLOP/s and its fraction of the dense matmul peak measured in this run
-(fp32 and bf16); the share of step time spent waiting for data; peak RSS (and CUDA max allocated).
+(fp32 and bf16); the share of step time spent waiting for data; each arm's own peak RSS (reset between
+the arms) and CUDA max allocated; the baseline's DataLoader workers' private memory.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
-import platform
 import resource
 import sys
 import time
@@ -43,7 +44,7 @@ from torch import nn  # noqa: E402
 from src.data import DataSplits, build_data  # noqa: E402
 from src.device_setup import setup_device  # noqa: E402
 from src.loop import train_step  # noqa: E402
-from src.run_setup import build_model, setup  # noqa: E402
+from src.run_setup import build_model, machine_name, setup  # noqa: E402
 from src.schedule import lr_at  # noqa: E402
 from src.validate import cpu_has_fast_bf16, resolve_precision, select_device  # noqa: E402
 
@@ -173,9 +174,62 @@ def flops_per_image(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float
     return counter.get_total_flops() / len(x)
 
 
-def peak_rss_mib(children: bool = False) -> float:
-    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
-    return resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
+def _status_kib(pid: int | str, key: str) -> int | None:
+    """One ``kB`` field of /proc/<pid>/status (None where there is no /proc or no such field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident set afresh (Linux >= 4.0: writing 5 to /proc/self/clear_refs resets VmHWM to
+    the current RSS), so the next arm's peak is its own and not the larger of both arms'. False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set since the last :func:`reset_peak_rss` (VmHWM); ``ru_maxrss``, the peak since
+    the process started, where /proc is absent."""
+    kib = _status_kib("self", "VmHWM")
+    return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024  # KiB on Linux
+
+
+def child_pids(pid: int | None = None) -> list[int]:
+    """The live child processes of ``pid`` (this process), from /proc."""
+    pid, kids = os.getpid() if pid is None else pid, []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text() if entry.name.isdigit() else ""
+            if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
+def private_mib(pids) -> float | None:
+    """Memory the processes ``pids`` hold on their own now: their private pages (/proc/<pid>/smaps_rollup), so pages a
+    forked DataLoader worker still shares with this process are not counted again. (``RUSAGE_CHILDREN`` counts only
+    children that ended and were waited for; the persistent workers are alive when an arm is read.) None where /proc
+    has no such figures."""
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total, seen = total + int(line.split()[1]), True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1024 if seen else None
 
 
 def _device_name(device: torch.device) -> str:
@@ -277,6 +331,10 @@ class BaselinePath:
                                                   pin_memory=device.type == "cuda", persistent_workers=workers > 0)
         self.running_loss = 0.0
 
+    def worker_pids(self) -> list[int]:
+        """The DataLoader's (persistent) worker processes, not other children (inductor's compile workers)."""
+        return [w.pid for w in getattr(self.loader._iterator, "_workers", None) or []]
+
     def batches(self):
         while True:
             for xb, yb in self.loader:
@@ -291,28 +349,31 @@ class BaselinePath:
         return loss
 
 
-def time_path(path, warmup: int, steps: int, batch: int) -> dict:
-    """Run ``warmup`` untimed steps, then ``steps`` timed ones; data wait = time spent getting batches."""
+def time_path(path, warmup: int, steps: int) -> dict:
+    """Run ``warmup`` untimed steps, then ``steps`` timed ones; data wait = time spent getting batches. Images are
+    counted as the timed batches hold them (an ``--override trainer.batch_size=...`` makes them other than --batch)."""
     it = path.batches()
     t0 = time.perf_counter()
     for i in range(warmup):
         path.step(*next(it), i, warmup + steps)
     sync(path.device)
     warm_s = time.perf_counter() - t0
-    wait, t0 = 0.0, time.perf_counter()
+    wait, images, t0 = 0.0, 0, time.perf_counter()
     for i in range(steps):
         tw = time.perf_counter()
         xb, yb = next(it)
         wait += time.perf_counter() - tw
+        images += len(yb)
         path.step(xb, yb, warmup + i, warmup + steps)
     sync(path.device)
     dt = time.perf_counter() - t0
-    return {"images_per_s": steps * batch / dt, "step_s": dt / steps, "data_wait": wait / dt, "warmup_s": warm_s}
+    return {"images_per_s": images / dt, "images": images, "step_s": dt / steps, "data_wait": wait / dt,
+            "warmup_s": warm_s}
 
 
 # ----------------------------------------------------------------------------- modes
 def header(args, device: torch.device) -> None:
-    print(f"# vitsweep throughput | torch {torch.__version__} | {platform.processor() or platform.machine()} | "
+    print(f"# vitsweep throughput | torch {torch.__version__} | {machine_name(torch.device('cpu'))} | "
           f"device {device} ({_device_name(device)})"
           f" | {load()}")
     if device.type == "cpu":
@@ -347,27 +408,30 @@ def throughput(args) -> dict:
                                                        for k, (v, n) in peaks.items()))
 
     results = {}
+    reset_peak_rss()
     ours = VitsweepPath(cfg, precision, compile_model)
     print(f"data: {len(ours.data.y_train)} training images {tuple(ours.data.image_shape)}")
     xb, yb = next(iter(ours.loader))
     flops = flops_per_image(ours.model, xb, yb)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    r = time_path(ours, args.warmup + (2 if compile_model else 0), args.steps, args.batch)
+    r = time_path(ours, args.warmup + (2 if compile_model else 0), args.steps)
     r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device))
     results["vitsweep"] = r
     settings = (f"precision {precision}, compile {'on' if compile_model else 'off'}, channels_last "
                 f"{'on' if ours.channels_last else 'off'}, AdamW {_adamw_kind(ours.optimizer)}")
     del ours
+    gc.collect()
 
+    reset = reset_peak_rss()  # the baseline's own peak, not the larger of both arms' (what vitsweep left is counted)
     data = build_data(cfg["dataset"], args.seed)  # host copies for the tutorial's PIL dataset
     base = BaselinePath(cfg, data, device, args.workers)
     base_flops = flops_per_image(base.model, xb.contiguous(), yb)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    r = time_path(base, args.warmup, args.steps, args.batch)
-    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device),
-             workers_rss=peak_rss_mib(children=True))
+    r = time_path(base, args.warmup, args.steps)
+    r.update(rss=peak_rss_mib(), cuda=_cuda_peak_mib(device), workers_mib=private_mib(base.worker_pids()),
+             rss_reset=reset)
     results["baseline"] = r
     del base
 
@@ -379,8 +443,10 @@ def throughput(args) -> dict:
         f = base_flops if name == "baseline" else flops
         gflops = f * r["images_per_s"] / 1e9
         mem = f"peak RSS {r['rss']:.0f} MiB"
-        if name == "baseline" and args.workers:
-            mem += f" (+ workers {r['workers_rss']:.0f} MiB)"
+        if name == "baseline" and not r["rss_reset"]:
+            mem += " (the process's peak: both arms)"
+        if name == "baseline" and args.workers and r["workers_mib"] is not None:
+            mem += f" (+ workers' private memory {r['workers_mib']:.0f} MiB at the end)"
         if r["cuda"] is not None:
             mem += f", CUDA max allocated {r['cuda']:.0f} MiB"
         print(f"{label}: {r['images_per_s']:8.1f} images/s | {r['step_s'] * 1e3:7.1f} ms/step | "
@@ -444,7 +510,7 @@ def scaling(args) -> dict:
         sync(device)
         dt = time.perf_counter() - t0
         rows.append((len(data.y_train), dt))
-        print(f"{len(data.y_train):9d} {dt:8.2f} {steps * args.batch / dt:9.1f}")
+        print(f"{len(data.y_train):9d} {dt:8.2f} {steps * path.loader.batch_size / dt:9.1f}")
     x, y = np.array(rows, dtype=float).T
     slope, intercept = np.polyfit(x, y, 1)
     r2 = 1 - ((y - (slope * x + intercept)) ** 2).sum() / ((y - y.mean()) ** 2).sum()

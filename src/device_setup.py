@@ -41,8 +41,11 @@ def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.dev
                                                  precision == "bf16")
         return {"attention": path, "attention_probe_s": seconds, "attention_reason": reason}
 
-    key = {"shape": dict(shape), "batch": batch_size, "device": device.type, "precision": precision}
-    facts, source = probe_cache.cached("attention", key, device, measure) if shape is not None else (measure(), None)
+    if shape is None:  # measured afresh: nothing names the shape to reuse an earlier measurement of
+        facts, source = measure(), None
+    else:
+        key = {"shape": dict(shape), "batch": batch_size, "device": device.type, "precision": precision}
+        facts, source = probe_cache.cached("attention", key, device, measure)
     model.set_attention_path(facts["attention"])
     kept = f"; kept from {source}" if source else ""
     log.info("attention auto%s: %s (%s%s)", context, facts["attention"], facts["attention_reason"], kept)

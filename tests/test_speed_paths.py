@@ -286,6 +286,7 @@ def test_eval_share_benchmark_prints_the_shares(capsys):
                             "--run-epochs", "10", "--test-every", "5"])
     out = capsys.readouterr().out
     assert "CPU:" in out and "share before" in out and len(rows) == 1
+    assert "256 test images" in out  # the header said 10,000 whatever --n-test scored
     wall = rows[0]["wall"]
     assert all(0 < wall[k] < 1 for k in ("before", "batch", "after", "final"))
     assert wall["final"] <= wall["after"] <= wall["batch"]  # fewer test scorings, smaller share
