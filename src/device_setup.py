@@ -53,10 +53,14 @@ def resolve_attention(model: torch.nn.Module, batch_size: int, device: torch.dev
 
 
 def setup_device(device: torch.device, t: Mapping[str, Any]) -> None:
-    """Process-wide settings for training on ``device``: CPU threads, TF32 and cuDNN autotuning on CUDA."""
+    """Process-wide settings for training on ``device``: CPU threads, TF32 and cuDNN autotuning on CUDA; and on
+    CUDA the device's peak-memory counter reset, so the summary's ``peak_gpu_mem_gib`` is this run's peak, not an
+    earlier run's in the same process (a launcher worker runs many)."""
     if t.get("num_threads"):
         torch.set_num_threads(int(t["num_threads"]))
     if device.type == "cuda":
+        if torch.cuda.is_initialized():  # else no run of this process has allocated yet: the peak is 0
+            torch.cuda.reset_peak_memory_stats(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True

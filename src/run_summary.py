@@ -32,7 +32,7 @@ def summarise(state: RunState, reason: str, error: str | None = None) -> dict[st
     summary = {"status": STATUS[reason], "stop_reason": reason, **state.info, "epochs": state.epoch,
                "steps": state.step, "wall_s": state.wall_s(),
                "train_images_per_s": state.step * state.train_loader.batch_size / max(state.train_time, 1e-9)}
-    if state.device.type == "cuda":  # the process's peak (a stacked group's members share one)
+    if state.device.type == "cuda":  # the peak since the run's set-up (a stacked group's members share one)
         summary["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(state.device) / 2**30
     known = set(objective_metrics())  # every metric of the last evaluation (row also holds epoch, lr, timings)
     summary.update({k: v for k, v in row.items() if k in known})

@@ -150,3 +150,20 @@ def test_a_cuda_runs_summary_says_its_fp32_ran_as_tf32():
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
+
+
+def test_a_cuda_runs_peak_memory_is_its_own_not_an_earlier_runs_in_the_same_process(monkeypatch):
+    """Review 2026-11-30 (benchmarks): the summary's ``peak_gpu_mem_gib`` is the process's peak, never reset, so a
+    launcher worker that ran a wide model and then a narrow one gave the narrow run the wide one's memory. A run's
+    device set-up resets the peak. Checked without a GPU: the reset is a call on the device."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(device))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # an earlier run of this process used the GPU
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        device_setup.setup_device(torch.device("cuda", 1), {})
+        device_setup.setup_device(torch.device("cpu"), {})
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
+    assert calls == [torch.device("cuda", 1)]
