@@ -1,0 +1,59 @@
+"""Settings that a run accepted and then trained meaninglessly (a negative lr, gradient ascent, a warm-up that never
+ends): refused before any record, naming the key and the fix."""
+from __future__ import annotations
+
+import pytest
+
+from src.schedule import lr_at
+from src.trainer import train
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # the lr ramp never reached optimizer.lr (digits, max_epochs=1, warmup_epochs=5: the run ended at lr 0.2 * lr)
+    (["scheduler.warmup_epochs=5"], r"scheduler.warmup_epochs=5 is not shorter than the run \(trainer.max_epochs=1\)"),
+    (["scheduler.warmup_epochs=1", "scheduler=constant"], r"scheduler.warmup_epochs=1 is not shorter than the run"),
+    # a negative warm-up shifted the cosine: it started part-decayed and never reached its floor
+    (["scheduler.warmup_epochs=-1"], r"scheduler.warmup_epochs=-1 must be a number >= 0"),
+    # the cosine's floor min_lr_ratio * lr: negative trained the second half at a negative lr (gradient ascent), above
+    # 1 the lr rose to min_lr_ratio times the peak summary.json names as base_lr
+    (["scheduler.min_lr_ratio=-1"], r"scheduler.min_lr_ratio=-1 must lie in \[0, 1\]"),
+    (["scheduler.min_lr_ratio=3"], r"scheduler.min_lr_ratio=3 must lie in \[0, 1\]"),
+    # clip_grad_norm_ with a negative norm multiplies every gradient by a negative factor; 0 was read as "off"
+    (["trainer.grad_clip=-1"], r"trainer.grad_clip=-1 must be null \(no clipping\) or a number > 0"),
+    (["trainer.grad_clip=0"], r"trainer.grad_clip=0 must be null \(no clipping\) or a number > 0"),
+    # torch takes a negative smoothing silently and refuses one above 1 only at the first step, after the set-up
+    (["trainer.label_smoothing=-0.5"], r"trainer.label_smoothing=-0.5 must lie in \[0, 1\)"),
+    (["trainer.label_smoothing=1.5"], r"trainer.label_smoothing=1.5 must lie in \[0, 1\)"),
+    # train errors never span a negative band: convergence could never fire, a fixed-budget run under another name
+    (["trainer.converge_tol=-1", "trainer.converge_epochs=2"], r"trainer.converge_tol=-1 must be a number >= 0"),
+    # a fractional epoch cap set the cosine's horizon at half an epoch and trained the rest of the epoch at lr 0
+    (["trainer.max_epochs=0.5"], r"trainer.max_epochs=0.5 must be a whole number >= 1"),
+    (["trainer.max_epochs=1.5"], r"trainer.max_epochs=1.5 must be a whole number >= 1"),
+    # int(0.5) = 0 images per step: a reshape error deep in the attention probe
+    (["trainer.batch_size=0.5"], r"trainer.batch_size=0.5 must be a whole number >= 1"),
+    (["trainer.max_epochs=true"], r"trainer.max_epochs=True must be a whole number >= 1"),
+])
+def test_meaningless_run_settings_fail_before_any_record(tiny_cfg, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        train(tiny_cfg(*overrides), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_warmup_cut_by_max_steps_fails_before_any_record(tiny_cfg, tmp_path):
+    # n_train=200 at batch 50: 4 steps an epoch, so half an epoch of warm-up is the 2-step run's whole length
+    with pytest.raises(ValueError, match=r"(?s)scheduler.warmup_epochs=0.5 is 2 steps.*not shorter than the run's 2 "
+                                         r"steps \(trainer.max_steps=2, .*lower scheduler.warmup_epochs"):
+        train(tiny_cfg("scheduler.warmup_epochs=0.5", "trainer.max_steps=2"), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_warmup_shorter_than_the_run_still_trains(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("scheduler.warmup_epochs=0.5", "trainer.max_epochs=1"), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["steps"] == 4
+
+
+def test_the_floor_and_warmup_bounds_give_a_schedule_within_the_peak():
+    for ratio in (0.0, 0.5, 1.0):
+        lrs = [lr_at(s, 1.0, 10, 2, "cosine", ratio) for s in range(10)]
+        assert all(ratio - 1e-12 <= lr <= 1.0 for lr in lrs[2:]) and lrs[1] == 1.0
+
