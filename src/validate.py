@@ -10,6 +10,7 @@ import torch
 
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
+from src.models.vit import check_vit_shape
 from src.run_contract import BINARY_METRICS
 from src.schedule import SCHEDULERS
 from src.trackers import check_trackers
@@ -106,6 +107,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     if d.get("augment", "none") not in AUGMENTS:
         raise ValueError(f"dataset.augment={d.get('augment')!r} is unknown: choose one of {list(AUGMENTS)}")
     check_classes(d.get("classes"), d["name"])  # the list's shape; membership is checked when the labels are loaded
+    _check_vit_shape(cfg.get("model") or {}, d)
     if cfg["scheduler"]["name"] not in SCHEDULERS:
         raise ValueError(f"scheduler.name={cfg['scheduler']['name']!r} is unknown: choose one of {list(SCHEDULERS)}")
     if t["precision"] not in PRECISIONS:
@@ -238,3 +240,22 @@ def check_warmup_steps(s: Mapping[str, Any], t: Mapping[str, Any], steps_per_epo
                          "rising at the last step and never train at optimizer.lr. Fix: lower scheduler.warmup_epochs "
                          "below the run's length in epochs, or raise trainer.max_steps")
 
+
+def _check_vit_shape(m: Mapping[str, Any], d: Mapping[str, Any]) -> None:
+    """A ViT's heads against its dim, and with a configured ``dataset.image_size`` its patch (a hybrid's stem stride)
+    against the image: the model's constructor checks them too, but only once the data is built (every DICOM of
+    rsna_mammo decoded, a download done). With ``image_size: null`` (the native size) the patch waits for the data."""
+    target = str(m.get("_target_", ""))
+    if target not in ("src.models.vit.ViT", "src.models.vit.HybridViT"):
+        return
+    hybrid, size = target.endswith("HybridViT"), d.get("image_size")
+    stride = m.get("stem_stride", 4) if hybrid else m.get("stem_stride", 1)
+    patch, dim, heads = 1 if hybrid else m.get("patch", 4), m.get("dim", 256), m.get("heads", 8)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stride, patch, dim, heads)) or stride < 1:
+        return  # the constructor names these
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        check_vit_shape(patch, patch, dim, heads)  # heads against dim only
+        return
+    if hybrid and size % stride:
+        raise ValueError(f"model.stem_stride={stride} does not divide the image size {size}")
+    check_vit_shape(size // stride, patch, dim, heads)

@@ -57,3 +57,21 @@ def test_the_floor_and_warmup_bounds_give_a_schedule_within_the_peak():
         lrs = [lr_at(s, 1.0, 10, 2, "cosine", ratio) for s in range(10)]
         assert all(ratio - 1e-12 <= lr <= 1.0 for lr in lrs[2:]) and lrs[1] == 1.0
 
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.patch=3"], r"model.patch=3 does not divide the image size 16"),
+    (["model.heads=3"], r"model.heads=3 does not divide model.dim=32"),
+    (["model.heads=3", "dataset.image_size=null"], r"model.heads=3 does not divide model.dim=32"),
+    (["model=hybrid_vit", "model.stem_stride=8", "dataset.image_size=12"],
+     r"model.stem_stride=8 does not divide the image size 12"),
+    (["model=hybrid_vit", "model.stem_stride=2", "dataset.image_size=12", "model.heads=5"],
+     r"model.heads=5 does not divide model.dim=256"),
+])
+def test_vit_shapes_fail_before_the_data_is_built(tiny_cfg, monkeypatch, overrides, message):
+    # the shapes were checked by the model's constructor, after the data was built (for rsna_mammo at 512 px:
+    # after every DICOM was decoded; with dataset.download=true, after the download)
+    import src.run_setup
+
+    monkeypatch.setattr(src.run_setup, "build_data", lambda *a, **k: pytest.fail("the data was built first"))
+    with pytest.raises(ValueError, match=message):
+        src.run_setup.setup(tiny_cfg(*overrides), None)
