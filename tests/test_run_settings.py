@@ -3,6 +3,7 @@ ends): refused before any record, naming the key and the fix."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from src.schedule import lr_at
 from src.trainer import train
@@ -75,3 +76,23 @@ def test_vit_shapes_fail_before_the_data_is_built(tiny_cfg, monkeypatch, overrid
     monkeypatch.setattr(src.run_setup, "build_data", lambda *a, **k: pytest.fail("the data was built first"))
     with pytest.raises(ValueError, match=message):
         src.run_setup.setup(tiny_cfg(*overrides), None)
+
+
+@pytest.mark.parametrize("p, classes, warns", [(0.7, 2, True), (0.95, 10, True), (0.5, 2, False), (0.9, 10, False),
+                                               (0.2, 10, False)])
+def test_label_noise_past_random_labels_warns(p, classes, warns):
+    # past p = (K - 1) / K (random labels) the true class is the least likely training label: with 2 classes and
+    # p = 0.7 the model learns the swapped labels, a run that trains away from the task
+    import warnings
+
+    from src.label_noise import apply_label_noise
+
+    labels = torch.arange(1000) % classes
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        noisy, _ = apply_label_noise(labels, p, classes, torch.Generator().manual_seed(0))
+    said = [str(w.message) for w in seen if f"label_noise.p={p}" in str(w.message)]
+    assert bool(said) == warns
+    if warns:
+        assert "the true class is the least likely training label" in said[0] and "random labels" in said[0]
+        assert (noisy == labels).float().mean() < 1 / classes  # what it warns of
