@@ -126,6 +126,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ValueError(f"trainer.{key}={v} must be a positive number (or null where allowed)")
     _check_training_numbers(t)
+    _check_optimizer_numbers(cfg.get("optimizer") or {})
     _check_schedule_keys(cfg["scheduler"], t)
     objective = str(t.get("objective", "auto"))
     if objective != "auto":
@@ -207,6 +208,28 @@ def _check_training_numbers(t: Mapping[str, Any]) -> None:
     if tol is not None and (not _number(tol) or tol < 0):  # 1 or more converges at the first chance (tests use it)
         raise ValueError(f"trainer.converge_tol={tol} must be a number >= 0: the band of train errors that counts as "
                          "converged (0 = unchanged); below 0 convergence could never fire")
+
+
+def _as_float(v: Any) -> float | None:
+    try:
+        return None if isinstance(v, bool) else float(v)  # build_optimizer takes float(lr)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_optimizer_numbers(o: Mapping[str, Any]) -> None:
+    """What torch refuses only once the optimizer is built (after the data, the model and the start-up probes),
+    without the key's name; and a momentum of 1 or more, which it takes (the velocity never decays)."""
+    for key in ("lr", "weight_decay"):
+        v = o.get(key, 0.0)
+        number = _as_float(v)
+        if number is None or not number >= 0:  # lr 0 is allowed: a frozen model (the tests' constant train error)
+            raise ValueError(f"optimizer.{key}={v} must be a number >= 0")
+    momentum = o.get("momentum")
+    m = _as_float(momentum)
+    if momentum is not None and (m is None or not 0.0 <= m < 1.0):
+        raise ValueError(f"optimizer.momentum={momentum} must lie in [0, 1): the share of the velocity kept each step "
+                         "(0.9 in conf/optimizer/sgd.yaml); at 1 or more it never decays")
 
 
 def _check_schedule_keys(s: Mapping[str, Any], t: Mapping[str, Any]) -> None:

@@ -33,6 +33,11 @@ from src.trainer import train
     # int(0.5) = 0 images per step: a reshape error deep in the attention probe
     (["trainer.batch_size=0.5"], r"trainer.batch_size=0.5 must be a whole number >= 1"),
     (["trainer.max_epochs=true"], r"trainer.max_epochs=True must be a whole number >= 1"),
+    # torch refused these only when the optimizer was built, after the data, the model and the start-up probes, as
+    # "Invalid learning rate: -0.1"; a momentum of 1 or more it took (the velocity never decays)
+    (["optimizer.lr=-0.1"], r"optimizer.lr=-0.1 must be a number >= 0"),
+    (["optimizer.weight_decay=-1"], r"optimizer.weight_decay=-1 must be a number >= 0"),
+    (["optimizer=sgd", "optimizer.momentum=1.5"], r"optimizer.momentum=1.5 must lie in \[0, 1\)"),
 ])
 def test_meaningless_run_settings_fail_before_any_record(tiny_cfg, tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
