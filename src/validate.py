@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -208,6 +209,18 @@ def _check_training_numbers(t: Mapping[str, Any]) -> None:
     if tol is not None and (not _number(tol) or tol < 0):  # 1 or more converges at the first chance (tests use it)
         raise ValueError(f"trainer.converge_tol={tol} must be a number >= 0: the band of train errors that counts as "
                          "converged (0 = unchanged); below 0 convergence could never fire")
+    margin = t.get("stalled_margin")
+    if margin is not None and (not _number(margin) or not 0.0 <= margin < 1.0):
+        raise ValueError(f"trainer.stalled_margin={margin} must be null (off) or lie in [0, 1): how far above the "
+                         "error of always predicting the commonest label a motionless train error counts as stalled "
+                         "(below 0 nothing ever is, 1 or more every converged run is)")
+    window, cap, every = t.get("converge_epochs"), t.get("max_epochs"), t.get("eval_every") or 1
+    if window and cap and cap < every + window:  # the first evaluation is at epoch eval_every: the window opens there
+        warnings.warn(f"trainer.converge_epochs={window} can never fire under trainer.max_epochs={cap} with "
+                      f"trainer.eval_every={every}: the earliest convergence stop is at epoch eval_every + "
+                      f"converge_epochs = {every + window}, so every run stops at the cap. Fix: raise "
+                      "trainer.max_epochs or lower trainer.converge_epochs (null = no convergence rule)",
+                      UserWarning, stacklevel=3)
 
 
 def _as_float(v: Any) -> float | None:

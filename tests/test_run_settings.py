@@ -101,3 +101,35 @@ def test_label_noise_past_random_labels_warns(p, classes, warns):
     if warns:
         assert "the true class is the least likely training label" in said[0] and "random labels" in said[0]
         assert (noisy == labels).float().mean() < 1 / classes  # what it warns of
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.stalled_margin=-0.1"], r"trainer.stalled_margin=-0.1 must be null \(off\) or lie in \[0, 1\)"),
+    (["trainer.stalled_margin=1.5"], r"trainer.stalled_margin=1.5 must be null \(off\) or lie in \[0, 1\)"),
+])
+def test_bad_stalled_margin_fails_before_any_record(tiny_cfg, tmp_path, overrides, message):
+    # below 0 no run could be called stalled (null is the way to say off); 1 or more called every converged run stalled
+    with pytest.raises(ValueError, match=message):
+        train(tiny_cfg(*overrides), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("over, warns", [
+    (["trainer.converge_epochs=20", "trainer.max_epochs=10"], True),
+    (["trainer.converge_epochs=3", "trainer.eval_every=2", "trainer.max_epochs=4"], True),
+    (["trainer.converge_epochs=3", "trainer.eval_every=2", "trainer.max_epochs=5"], False),  # evaluations 2, 4, 5
+    (["trainer.converge_epochs=2", "trainer.max_epochs=3"], False),
+    (["trainer.converge_epochs=20", "trainer.max_epochs=null", "trainer.max_steps=100"], False),  # unknown up front
+])
+def test_a_convergence_window_the_cap_never_reaches_warns(tiny_cfg, over, warns):
+    import warnings
+
+    from src.validate import check_config
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        check_config(tiny_cfg(*over))
+    said = [str(w.message) for w in seen if "trainer.converge_epochs" in str(w.message)]
+    assert bool(said) == warns
+    if warns:
+        assert "can never fire" in said[0] and "trainer.max_epochs" in said[0]
