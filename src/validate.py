@@ -108,6 +108,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     if d.get("augment", "none") not in AUGMENTS:
         raise ValueError(f"dataset.augment={d.get('augment')!r} is unknown: choose one of {list(AUGMENTS)}")
     check_classes(d.get("classes"), d["name"])  # the list's shape; membership is checked when the labels are loaded
+    _check_dataset_sizes(d)
     _check_vit_shape(cfg.get("model") or {}, d)
     if cfg["scheduler"]["name"] not in SCHEDULERS:
         raise ValueError(f"scheduler.name={cfg['scheduler']['name']!r} is unknown: choose one of {list(SCHEDULERS)}")
@@ -275,6 +276,24 @@ def check_warmup_steps(s: Mapping[str, Any], t: Mapping[str, Any], steps_per_epo
                          f"{t.get('max_steps')}, trainer.max_epochs={t.get('max_epochs')}): the lr would still be "
                          "rising at the last step and never train at optimizer.lr. Fix: lower scheduler.warmup_epochs "
                          "below the run's length in epochs, or raise trainer.max_steps")
+
+
+def _whole(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _check_dataset_sizes(d: Mapping[str, Any]) -> None:
+    """The dataset's counts, before the data is built: a fractional one failed in torch or scikit-learn after the
+    data load, without the key's name (image_size=12.5, n_train=100.5), or was truncated (val_size=10.5 -> 10)."""
+    for key, what in (("image_size", "null (the native size)"), ("n_train", "null (every training image)"),
+                      ("test_size", "null (every test image)")):
+        v = d.get(key)
+        if v is not None and not _whole(v, 1):
+            raise ValueError(f"dataset.{key}={v} must be {what} or a whole number >= 1")
+    val = d.get("val_size") or 0
+    if not _whole(val, 0):
+        raise ValueError(f"dataset.val_size={val} must be a whole number >= 0 (images held out of the training split "
+                         "for validation; 0 = none)")
 
 
 def _check_vit_shape(m: Mapping[str, Any], d: Mapping[str, Any]) -> None:

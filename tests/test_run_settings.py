@@ -133,3 +133,20 @@ def test_a_convergence_window_the_cap_never_reaches_warns(tiny_cfg, over, warns)
     assert bool(said) == warns
     if warns:
         assert "can never fire" in said[0] and "trainer.max_epochs" in said[0]
+
+
+@pytest.mark.parametrize("override, message", [
+    # torch's "Input and output sizes should be greater than 0" / "type must be tuple of ints", after the data load
+    ("dataset.image_size=0", r"dataset.image_size=0 must be null \(the native size\) or a whole number >= 1"),
+    ("dataset.image_size=12.5", r"dataset.image_size=12.5 must be null \(the native size\) or a whole number >= 1"),
+    # scikit-learn's train_size message, after the data load; val_size was truncated to 10
+    ("dataset.n_train=100.5", r"dataset.n_train=100.5 must be null \(every training image\) or a whole number >= 1"),
+    ("dataset.val_size=10.5", r"dataset.val_size=10.5 must be a whole number >= 0"),
+    ("dataset.test_size=50.5", r"dataset.test_size=50.5 must be null \(every test image\) or a whole number >= 1"),
+])
+def test_fractional_dataset_sizes_fail_before_the_data_is_built(tiny_cfg, monkeypatch, override, message):
+    import src.run_setup
+
+    monkeypatch.setattr(src.run_setup, "build_data", lambda *a, **k: pytest.fail("the data was built first"))
+    with pytest.raises(ValueError, match=message):
+        src.run_setup.setup(tiny_cfg(override), None)
