@@ -11,7 +11,7 @@ import torch
 
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
-from src.models.vit import check_vit_shape
+from src.models.vit import check_vit_depth, check_vit_shape
 from src.run_contract import BINARY_METRICS
 from src.schedule import SCHEDULERS
 from src.trackers import check_trackers
@@ -303,6 +303,7 @@ def _check_vit_shape(m: Mapping[str, Any], d: Mapping[str, Any]) -> None:
     target = str(m.get("_target_", ""))
     if target not in ("src.models.vit.ViT", "src.models.vit.HybridViT"):
         return
+    check_vit_depth(m.get("depth", 6))
     hybrid, size = target.endswith("HybridViT"), d.get("image_size")
     stride = m.get("stem_stride", 4) if hybrid else m.get("stem_stride", 1)
     patch, dim, heads = 1 if hybrid else m.get("patch", 4), m.get("dim", 256), m.get("heads", 8)

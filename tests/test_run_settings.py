@@ -72,6 +72,9 @@ def test_the_floor_and_warmup_bounds_give_a_schedule_within_the_peak():
      r"model.stem_stride=8 does not divide the image size 12"),
     (["model=hybrid_vit", "model.stem_stride=2", "dataset.image_size=12", "model.heads=5"],
      r"model.heads=5 does not divide model.dim=256"),
+    # no block: the CLS token never attends to a patch, so the logits are the same for every image
+    (["model.depth=0"], r"model.depth=0 must be a whole number >= 1"),
+    (["model=hybrid_vit", "model.depth=-1"], r"model.depth=-1 must be a whole number >= 1"),
 ])
 def test_vit_shapes_fail_before_the_data_is_built(tiny_cfg, monkeypatch, overrides, message):
     # the shapes were checked by the model's constructor, after the data was built (for rsna_mammo at 512 px:
@@ -150,3 +153,10 @@ def test_fractional_dataset_sizes_fail_before_the_data_is_built(tiny_cfg, monkey
     monkeypatch.setattr(src.run_setup, "build_data", lambda *a, **k: pytest.fail("the data was built first"))
     with pytest.raises(ValueError, match=message):
         src.run_setup.setup(tiny_cfg(override), None)
+
+
+def test_a_vit_without_blocks_is_refused_by_its_constructor_too():
+    from src.models.vit import ViT
+
+    with pytest.raises(ValueError, match=r"model.depth=0 must be a whole number >= 1"):
+        ViT(16, 1, 10, patch=4, dim=32, depth=0, heads=2, mlp_dim=64)
