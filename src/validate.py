@@ -219,9 +219,9 @@ def _check_training_numbers(t: Mapping[str, Any]) -> None:
     if window and cap and cap < every + window:  # the first evaluation is at epoch eval_every: the window opens there
         warnings.warn(f"trainer.converge_epochs={window} can never fire under trainer.max_epochs={cap} with "
                       f"trainer.eval_every={every}: the earliest convergence stop is at epoch eval_every + "
-                      f"converge_epochs = {every + window}, so every run stops at the cap. Fix: raise "
-                      "trainer.max_epochs or lower trainer.converge_epochs (null = no convergence rule)",
-                      UserWarning, stacklevel=3)
+                      f"converge_epochs = {every + window}, so the run stops at the cap (until a resume raises it). "
+                      "Fix: raise trainer.max_epochs or lower trainer.converge_epochs (null = no convergence rule)",
+                      UserWarning, stacklevel=2)  # one location: said once, though train and setup both check
 
 
 def _as_float(v: Any) -> float | None:
