@@ -33,7 +33,7 @@ from src.run_contract import objective_direction
 from src.run_state import RunState, Schedule
 from src.stop_rules import StopRules, steps_in_run
 from src.trial import current_trial
-from src.validate import check_config, resolve_objective, resolve_precision
+from src.validate import check_config, check_warmup_steps, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,9 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     y_clean = data.y_train
     data.y_train, flipped = apply_label_noise(y_clean, float(cfg["label_noise"]["p"]), data.num_classes,
                                               torch.Generator().manual_seed(seed + 1))
+    n_train = len(data.y_train)  # the training loader's steps per epoch (drop_last), known before the model is built
+    per_epoch = n_train // min(int(t["batch_size"]), n_train)
+    check_warmup_steps(cfg["scheduler"], t, per_epoch, steps_in_run(t.get("max_epochs"), t.get("max_steps"), per_epoch))
     model, model_cfg = build_model(cfg["model"], data)
     channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,12 +11,16 @@ import torch
 
 from src.data import DATASETS, check_classes
 from src.data.augment import AUGMENTS
+from src.models.vit import check_vit_depth, check_vit_shape
 from src.run_contract import BINARY_METRICS
 from src.schedule import SCHEDULERS
 from src.trackers import check_trackers
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 RESUME = ("auto", "never")
+WHOLE_KEYS = {"max_epochs": "epochs", "max_steps": "optimizer steps", "converge_epochs": "epochs",
+              "batch_size": "images per step", "eval_every": "epochs between evaluations",
+              "eval_batch_size": "images per evaluation pass"}  # trainer keys that count whole things
 SPLIT_METRICS = ("loss", "error", "acc")
 CLEAN_METRICS = ("train_loss_clean", "train_error_clean", "train_error_noisy_subset")
 
@@ -103,17 +108,28 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
     if d.get("augment", "none") not in AUGMENTS:
         raise ValueError(f"dataset.augment={d.get('augment')!r} is unknown: choose one of {list(AUGMENTS)}")
     check_classes(d.get("classes"), d["name"])  # the list's shape; membership is checked when the labels are loaded
+    _check_dataset_sizes(d)
+    _check_vit_shape(cfg.get("model") or {}, d)
     if cfg["scheduler"]["name"] not in SCHEDULERS:
         raise ValueError(f"scheduler.name={cfg['scheduler']['name']!r} is unknown: choose one of {list(SCHEDULERS)}")
     if t["precision"] not in PRECISIONS:
         raise ValueError(f"trainer.precision={t['precision']!r} is unknown: choose one of {list(PRECISIONS)}")
     _check_trainer_keys(t, cfg["scheduler"]["name"])
     check_trackers(cfg)  # a tracker's package is missing: say which extra to install, before any training
-    for key in ("max_epochs", "max_steps", "max_wall_s", "converge_epochs", "batch_size", "eval_every",
-                "eval_batch_size"):
+    for key in (*WHOLE_KEYS, "max_wall_s"):
         v = t.get(key)
-        if v is not None and (not isinstance(v, (int, float)) or v <= 0):
+        if v is None:
+            continue
+        if key in WHOLE_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            # a fractional max_epochs set the cosine's horizon inside the last epoch and trained the rest at lr 0;
+            # a fractional batch_size became int(0.5) = 0 images per step
+            raise ValueError(f"trainer.{key}={v} must be a whole number >= 1 (or null where allowed): it counts "
+                             f"{WHOLE_KEYS[key]}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise ValueError(f"trainer.{key}={v} must be a positive number (or null where allowed)")
+    _check_training_numbers(t)
+    _check_optimizer_numbers(cfg.get("optimizer") or {})
+    _check_schedule_keys(cfg["scheduler"], t)
     objective = str(t.get("objective", "auto"))
     if objective != "auto":
         resolve_objective(objective, ("train", "val", "test"), True)  # the name; the splits are checked in setup
@@ -173,3 +189,129 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
                          "images of the train split scored at each evaluation)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_training_numbers(t: Mapping[str, Any]) -> None:
+    """Trainer numbers torch takes without a word but that train something else than the run says."""
+    clip = t.get("grad_clip")
+    if clip is not None and (not _number(clip) or clip <= 0):  # a negative norm reverses every gradient; 0 was "off"
+        raise ValueError(f"trainer.grad_clip={clip} must be null (no clipping) or a number > 0 (the largest global "
+                         "gradient norm): a negative one multiplies every gradient by a negative factor (gradient "
+                         "ascent), and 0 turned clipping off")
+    smoothing = t.get("label_smoothing", 0.0)
+    if not _number(smoothing) or not 0.0 <= smoothing < 1.0:  # torch takes < 0 silently, > 1 only at the first step
+        raise ValueError(f"trainer.label_smoothing={smoothing} must lie in [0, 1): the share of each target spread "
+                         "over all classes (0 = none; 1 leaves nothing to learn, below 0 is no smoothing at all)")
+    tol = t.get("converge_tol")
+    if tol is not None and (not _number(tol) or tol < 0):  # 1 or more converges at the first chance (tests use it)
+        raise ValueError(f"trainer.converge_tol={tol} must be a number >= 0: the band of train errors that counts as "
+                         "converged (0 = unchanged); below 0 convergence could never fire")
+    margin = t.get("stalled_margin")
+    if margin is not None and (not _number(margin) or not 0.0 <= margin < 1.0):
+        raise ValueError(f"trainer.stalled_margin={margin} must be null (off) or lie in [0, 1): how far above the "
+                         "error of always predicting the commonest label a motionless train error counts as stalled "
+                         "(below 0 nothing ever is, 1 or more every converged run is)")
+    window, cap, every = t.get("converge_epochs"), t.get("max_epochs"), t.get("eval_every") or 1
+    if window and cap and cap < every + window:  # the first evaluation is at epoch eval_every: the window opens there
+        warnings.warn(f"trainer.converge_epochs={window} can never fire under trainer.max_epochs={cap} with "
+                      f"trainer.eval_every={every}: the earliest convergence stop is at epoch eval_every + "
+                      f"converge_epochs = {every + window}, so the run stops at the cap (until a resume raises it). "
+                      "Fix: raise trainer.max_epochs or lower trainer.converge_epochs (null = no convergence rule)",
+                      UserWarning, stacklevel=2)  # one location: said once, though train and setup both check
+
+
+def _as_float(v: Any) -> float | None:
+    try:
+        return None if isinstance(v, bool) else float(v)  # build_optimizer takes float(lr)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_optimizer_numbers(o: Mapping[str, Any]) -> None:
+    """What torch refuses only once the optimizer is built (after the data, the model and the start-up probes),
+    without the key's name; and a momentum of 1 or more, which it takes (the velocity never decays)."""
+    for key in ("lr", "weight_decay"):
+        v = o.get(key, 0.0)
+        number = _as_float(v)
+        if number is None or not number >= 0:  # lr 0 is allowed: a frozen model (the tests' constant train error)
+            raise ValueError(f"optimizer.{key}={v} must be a number >= 0")
+    momentum = o.get("momentum")
+    m = _as_float(momentum)
+    if momentum is not None and (m is None or not 0.0 <= m < 1.0):
+        raise ValueError(f"optimizer.momentum={momentum} must lie in [0, 1): the share of the velocity kept each step "
+                         "(0.9 in conf/optimizer/sgd.yaml); at 1 or more it never decays")
+
+
+def _check_schedule_keys(s: Mapping[str, Any], t: Mapping[str, Any]) -> None:
+    """``scheduler.warmup_epochs`` and ``min_lr_ratio``, and a warm-up against ``trainer.max_epochs`` (against
+    ``trainer.max_steps`` once the steps per epoch are known: ``check_warmup_steps``)."""
+    warmup, ratio = s.get("warmup_epochs", 0), s.get("min_lr_ratio", 0.0)
+    if not _number(warmup) or warmup < 0:  # a negative one started the cosine part-decayed, never reaching its floor
+        raise ValueError(f"scheduler.warmup_epochs={warmup} must be a number >= 0 (epochs of linear warm-up from 0; "
+                         "0 = none, fractions allowed)")
+    if not _number(ratio) or not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"scheduler.min_lr_ratio={ratio} must lie in [0, 1]: the cosine ends at min_lr_ratio * "
+                         "optimizer.lr, so below 0 the lr turns negative (gradient ascent) and above 1 it rises past "
+                         "the peak optimizer.lr that summary.json records as base_lr")
+    max_epochs = t.get("max_epochs")
+    if warmup > 0 and max_epochs and warmup >= max_epochs:
+        raise ValueError(f"scheduler.warmup_epochs={warmup} is not shorter than the run (trainer.max_epochs="
+                         f"{max_epochs}): the lr would still be rising at the last step and never train at "
+                         f"optimizer.lr{' nor decay' if s.get('name') == 'cosine' else ''}. Fix: lower "
+                         "scheduler.warmup_epochs well below trainer.max_epochs (0 = no warm-up), or raise "
+                         "trainer.max_epochs")
+
+
+def check_warmup_steps(s: Mapping[str, Any], t: Mapping[str, Any], steps_per_epoch: int, total_steps: float) -> None:
+    """The warm-up in steps against the run's length in steps (``trainer.max_steps`` may cut it below
+    ``max_epochs``): checked by the set-up once the training split is built, before the model."""
+    warmup = int(s.get("warmup_epochs", 0) * steps_per_epoch)
+    if warmup > 0 and warmup >= total_steps:
+        raise ValueError(f"scheduler.warmup_epochs={s.get('warmup_epochs')} is {warmup} steps ({steps_per_epoch} "
+                         f"steps per epoch), not shorter than the run's {int(total_steps)} steps (trainer.max_steps="
+                         f"{t.get('max_steps')}, trainer.max_epochs={t.get('max_epochs')}): the lr would still be "
+                         "rising at the last step and never train at optimizer.lr. Fix: lower scheduler.warmup_epochs "
+                         "below the run's length in epochs, or raise trainer.max_steps")
+
+
+def _whole(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _check_dataset_sizes(d: Mapping[str, Any]) -> None:
+    """The dataset's counts, before the data is built: a fractional one failed in torch or scikit-learn after the
+    data load, without the key's name (image_size=12.5, n_train=100.5), or was truncated (val_size=10.5 -> 10)."""
+    for key, what in (("image_size", "null (the native size)"), ("n_train", "null (every training image)"),
+                      ("test_size", "null (every test image)")):
+        v = d.get(key)
+        if v is not None and not _whole(v, 1):
+            raise ValueError(f"dataset.{key}={v} must be {what} or a whole number >= 1")
+    val = d.get("val_size") or 0
+    if not _whole(val, 0):
+        raise ValueError(f"dataset.val_size={val} must be a whole number >= 0 (images held out of the training split "
+                         "for validation; 0 = none)")
+
+
+def _check_vit_shape(m: Mapping[str, Any], d: Mapping[str, Any]) -> None:
+    """A ViT's heads against its dim, and with a configured ``dataset.image_size`` its patch (a hybrid's stem stride)
+    against the image: the model's constructor checks them too, but only once the data is built (every DICOM of
+    rsna_mammo decoded, a download done). With ``image_size: null`` (the native size) the patch waits for the data."""
+    target = str(m.get("_target_", ""))
+    if target not in ("src.models.vit.ViT", "src.models.vit.HybridViT"):
+        return
+    check_vit_depth(m.get("depth", 6))
+    hybrid, size = target.endswith("HybridViT"), d.get("image_size")
+    stride = m.get("stem_stride", 4) if hybrid else m.get("stem_stride", 1)
+    patch, dim, heads = 1 if hybrid else m.get("patch", 4), m.get("dim", 256), m.get("heads", 8)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stride, patch, dim, heads)) or stride < 1:
+        return  # the constructor names these
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        check_vit_shape(patch, patch, dim, heads)  # heads against dim only
+        return
+    if hybrid and size % stride:
+        raise ValueError(f"model.stem_stride={stride} does not divide the image size {size}")
+    check_vit_shape(size // stride, patch, dim, heads)

@@ -8,6 +8,13 @@ from src.models.layers import Attention, Block, Dropout, PatchEmbed, check_atten
 from src.models.lean import LeanBlock
 
 
+def check_vit_depth(depth: int) -> None:
+    """No block: the CLS token never attends to a patch, so the logits are the same for every image."""
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"model.depth={depth} must be a whole number >= 1 (transformer blocks): with none the CLS "
+                         "token never sees a patch and the model gives every image the same logits")
+
+
 def check_vit_shape(image_size: int, patch: int, dim: int, heads: int) -> None:
     """Fail early, naming the config key, for shapes the ViT cannot take."""
     if patch < 1 or image_size % patch:
@@ -57,6 +64,7 @@ class ViT(nn.Module):
                              "or torch (PyTorch's layer defaults, as in the UvA tutorial the EPFL study cites)")
         grid_input = image_size // stem_stride
         check_vit_shape(grid_input, patch, dim, heads)
+        check_vit_depth(depth)
         self.patch_size = patch * stem_stride  # pixels per token side in the input image
         self.stem = stem if stem is not None else nn.Identity()
         self.patch_embed = PatchEmbed(stem_channels or in_channels, dim, patch)
