@@ -8,8 +8,12 @@ PY     := $(VENV)/bin/python
 # torch 2.14.1 / torchvision 0.29.1 install from this workplace's disk; elsewhere pip picks any torch>=2.4.
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
-# the slowest 20 tests are printed at the end: the default suite must stay under 15 minutes (CI)
-PYTEST_ARGS ?= -m "not slow" --durations=20
+# the slowest 20 tests are printed at the end: the default suite must stay under 15 minutes (CI). It runs in
+# TEST_WORKERS processes (pytest-xdist), a test file's tests in one process (module fixtures built once); most tests
+# wait on subprocesses, so 2 workers share 2 cores well (tests/conftest.py: 1 torch thread each; `make test
+# TEST_WORKERS=0` runs them in this process)
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 .PHONY: install demo test test-all bench reports clean
 

@@ -21,7 +21,8 @@ TINY = ["model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=64", "m
         "dataset.n_train=200", "trainer.max_epochs=1", "trainer.batch_size=50", "trainer.precision=fp32",
         "trainer.progress=false", "trainer.device=cpu", "trainer.checkpoint=false"]
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# `make test` runs the suite in 2 processes (pytest-xdist, `-n 2`), which share the 2 cores: one thread each there
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(autouse=True, scope="session")
