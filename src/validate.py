@@ -189,6 +189,10 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
                          "images of the train split scored at each evaluation)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")
+    layout = t.get("channels_last", "auto")
+    if not (layout == "auto" or isinstance(layout, bool)):  # "off" was read as bool("off"): on
+        raise ValueError(f"trainer.channels_last={layout!r} must be auto, true or false (auto: on for convolutional "
+                         "models)")
 
 
 def _number(v: Any) -> bool:

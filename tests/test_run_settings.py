@@ -160,3 +160,11 @@ def test_a_vit_without_blocks_is_refused_by_its_constructor_too():
 
     with pytest.raises(ValueError, match=r"model.depth=0 must be a whole number >= 1"):
         ViT(16, 1, 10, patch=4, dim=32, depth=0, heads=2, mlp_dim=64)
+
+
+@pytest.mark.parametrize("value", ["off", "no", 1])
+def test_a_channels_last_that_is_not_auto_true_or_false_fails_before_any_record(tiny_cfg, tmp_path, value):
+    """Review 2026-11-30: ``trainer.channels_last=off`` was read as ``bool("off")``, i.e. on."""
+    with pytest.raises(ValueError, match=rf"trainer.channels_last={value!r} must be auto, true or false"):
+        train(tiny_cfg(f"trainer.channels_last={value}"), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
