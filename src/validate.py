@@ -274,6 +274,9 @@ def check_warmup_steps(s: Mapping[str, Any], t: Mapping[str, Any], steps_per_epo
     """The warm-up in steps against the run's length in steps (``trainer.max_steps`` may cut it below
     ``max_epochs``): checked by the set-up once the training split is built, before the model."""
     warmup = int(s.get("warmup_epochs", 0) * steps_per_epoch)
+    if warmup == 0 and s.get("warmup_epochs", 0) > 0:  # the schedule rounds the warm-up down to whole steps
+        warnings.warn(f"scheduler.warmup_epochs={s.get('warmup_epochs')} is 0 steps ({steps_per_epoch} steps per "
+                      "epoch): no warm-up. Fix: at least 1 / steps-per-epoch epochs, or 0", UserWarning, stacklevel=2)
     if warmup > 0 and warmup >= total_steps:
         raise ValueError(f"scheduler.warmup_epochs={s.get('warmup_epochs')} is {warmup} steps ({steps_per_epoch} "
                          f"steps per epoch), not shorter than the run's {int(total_steps)} steps (trainer.max_steps="

@@ -168,3 +168,10 @@ def test_a_channels_last_that_is_not_auto_true_or_false_fails_before_any_record(
     with pytest.raises(ValueError, match=rf"trainer.channels_last={value!r} must be auto, true or false"):
         train(tiny_cfg(f"trainer.channels_last={value}"), tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_warmup_shorter_than_one_step_says_the_run_has_none(tiny_cfg, tmp_path):
+    """Review 2026-11-30: ``warmup_epochs`` times the steps per epoch is rounded down, so 0.1 of a 4-step epoch
+    warmed up for 0 steps without a word."""
+    with pytest.warns(UserWarning, match=r"scheduler.warmup_epochs=0.1 is 0 steps \(4 steps per epoch\): no warm-up"):
+        train(tiny_cfg("scheduler.warmup_epochs=0.1", "trainer.max_steps=1"), tmp_path / "run")
