@@ -189,6 +189,10 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
                          "images of the train split scored at each evaluation)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")
+    threads = t.get("num_threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"trainer.num_threads={threads} must be null (torch's default) or a whole number >= 1 (torch "
+                         "intra-op threads on CPU)")
     layout = t.get("channels_last", "auto")
     if not (layout == "auto" or isinstance(layout, bool)):  # "off" was read as bool("off"): on
         raise ValueError(f"trainer.channels_last={layout!r} must be auto, true or false (auto: on for convolutional "

@@ -175,3 +175,11 @@ def test_a_warmup_shorter_than_one_step_says_the_run_has_none(tiny_cfg, tmp_path
     warmed up for 0 steps without a word."""
     with pytest.warns(UserWarning, match=r"scheduler.warmup_epochs=0.1 is 0 steps \(4 steps per epoch\): no warm-up"):
         train(tiny_cfg("scheduler.warmup_epochs=0.1", "trainer.max_steps=1"), tmp_path / "run")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 1.5])
+def test_a_thread_count_that_is_not_a_whole_number_fails_before_any_record(tiny_cfg, tmp_path, value):
+    """Review 2026-11-30: ``trainer.num_threads=-1`` failed inside the set-up, in torch's words."""
+    with pytest.raises(ValueError, match=rf"trainer.num_threads={value} must be null \(torch's default\) or a whole"):
+        train(tiny_cfg(f"trainer.num_threads={value}"), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
