@@ -189,13 +189,13 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     y_clean = data.y_train
     data.y_train, flipped = apply_label_noise(y_clean, float(cfg["label_noise"]["p"]), data.num_classes,
                                               torch.Generator().manual_seed(seed + 1))
-    n_train = len(data.y_train)  # the training loader's steps per epoch (drop_last), known before the model is built
-    per_epoch = n_train // min(int(t["batch_size"]), n_train)
+    batch = min(int(t["batch_size"]), len(data.y_train))
+    per_epoch = len(data.y_train) // batch  # the training loader's steps (drop_last), known before the model is built
     check_warmup_steps(cfg["scheduler"], t, per_epoch, steps_in_run(t.get("max_epochs"), t.get("max_steps"), per_epoch))
     model, model_cfg = build_model(cfg["model"], data)
     channels_last = use_channels_last(model, device, t.get("channels_last", "auto"))
     model = model.to(device, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    batch, probe, attention, probe_from = min(int(t["batch_size"]), len(data.y_train)), None, None, None
+    probe, attention, probe_from = None, None, None
     # what the start-up probes time, so this machine's earlier measurement of the same shape is reused
     shape = {"model": model_cfg, "image_shape": list(data.image_shape), "classes": data.num_classes,
              "channels_last": channels_last}

@@ -120,7 +120,7 @@ def check_config(cfg: Mapping[str, Any]) -> torch.device:
         v = t.get(key)
         if v is None:
             continue
-        if key in WHOLE_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if key in WHOLE_KEYS and not _whole(v, 1):
             # a fractional max_epochs set the cosine's horizon inside the last epoch and trained the rest at lr 0;
             # a fractional batch_size became int(0.5) = 0 images per step
             raise ValueError(f"trainer.{key}={v} must be a whole number >= 1 (or null where allowed): it counts "
@@ -171,26 +171,26 @@ def _check_trainer_keys(t: Mapping[str, Any], scheduler: str) -> None:
             raise ValueError(f"scheduler={scheduler} needs a run length in epochs or steps: with trainer.max_wall_s "
                              "alone use scheduler=constant, or set trainer.max_epochs / trainer.max_steps")
     log_every = t.get("log_every", 50)
-    if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+    if not _whole(log_every, 1):
         raise ValueError(f"trainer.log_every={log_every} must be an integer >= 1 (steps between loss checks)")
     every = t.get("checkpoint_every", 1)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+    if not _whole(every, 0):
         raise ValueError(f"trainer.checkpoint_every={every} must be an integer >= 0 (epochs; 0 = only at the end)")
     test_every, eval_every = t.get("test_every", 1), t.get("eval_every", 1)
-    if test_every is not None and (not isinstance(test_every, int) or isinstance(test_every, bool) or test_every < 1
+    if test_every is not None and (not _whole(test_every, 1)
                                    or (isinstance(eval_every, int) and eval_every > 0 and test_every % eval_every
                                        and eval_every % test_every)):  # a divisor (e.g. 1): every evaluation
         raise ValueError(f"trainer.test_every={test_every} must be null, a whole multiple of trainer.eval_every="
                          f"{eval_every} or a divisor of it such as 1 (every evaluation then scores the test split); it "
                          "counts epochs between scorings of the test split, and the final evaluation always scores it")
     size = t.get("train_eval_size")  # a fraction (0.5) scored no image: train_error 0.0, as if interpolated
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+    if size is not None and not _whole(size, 1):
         raise ValueError(f"trainer.train_eval_size={size} must be null (every train image) or an integer >= 1 (the "
                          "images of the train split scored at each evaluation)")
     if t.get("resume", "auto") not in RESUME:
         raise ValueError(f"trainer.resume={t.get('resume')!r} is unknown: choose one of {list(RESUME)}")
     threads = t.get("num_threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+    if threads is not None and not _whole(threads, 1):
         raise ValueError(f"trainer.num_threads={threads} must be null (torch's default) or a whole number >= 1 (torch "
                          "intra-op threads on CPU)")
     layout = t.get("channels_last", "auto")
@@ -320,7 +320,7 @@ def _check_vit_shape(m: Mapping[str, Any], d: Mapping[str, Any]) -> None:
     patch, dim, heads = 1 if hybrid else m.get("patch", 4), m.get("dim", 256), m.get("heads", 8)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stride, patch, dim, heads)) or stride < 1:
         return  # the constructor names these
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    if not _whole(size, 1):
         check_vit_shape(patch, patch, dim, heads)  # heads against dim only
         return
     if hybrid and size % stride:
