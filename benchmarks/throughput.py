@@ -203,19 +203,6 @@ def peak_rss_mib() -> float:
     return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024  # KiB on Linux
 
 
-def child_pids(pid: int | None = None) -> list[int]:
-    """The live child processes of ``pid`` (this process), from /proc."""
-    pid, kids = os.getpid() if pid is None else pid, []
-    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            stat = Path(f"/proc/{entry.name}/stat").read_text() if entry.name.isdigit() else ""
-            if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return kids
-
-
 def private_mib(pids) -> float | None:
     """Memory the processes ``pids`` hold on their own now: their private pages (/proc/<pid>/smaps_rollup), so pages a
     forked DataLoader worker still shares with this process are not counted again. (``RUSAGE_CHILDREN`` counts only

@@ -1,4 +1,5 @@
 """The arithmetic behind benchmarks/throughput.py's and step_profile.py's figures: images counted as trained."""
+import os
 import subprocess
 import sys
 import time
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import throughput
+from benchmarks.grid import tree_pids
 
 
 class _FakePath:
@@ -65,7 +67,7 @@ def test_the_workers_memory_is_that_of_the_live_workers():
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        assert child.pid in throughput.child_pids()  # other tests' children may live on: measure this one
+        assert child.pid in tree_pids(os.getpid())  # other tests' children may live on: measure this one
         assert 96 <= throughput.private_mib([child.pid]) < 96 + 64
     finally:
         child.stdin.close()
