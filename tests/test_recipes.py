@@ -20,6 +20,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from hydra_plugins.vitsweep_sweeper._protocol import flatten_config
 from src import sweep
 from tests.conftest import CONF, ROOT, compose_cfg
 
@@ -421,16 +422,6 @@ def one_line(text: str) -> str:
     return " ".join(text.replace("\\\n", " ").split())
 
 
-def flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in node.items():
-        if isinstance(v, dict) and v:
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def key_of(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
@@ -470,7 +461,7 @@ def composed(name: str, overrides: tuple[str, ...]) -> tuple[dict, dict]:
     as plain dicts (composed once per command and group choice, not once per run: composing is the test's time)."""
     cfg = OmegaConf.to_container(compose_study(name, None, overrides), resolve=False)
     sweeper = cfg.pop("hydra")["sweeper"]
-    return flat(cfg), sweeper
+    return flatten_config(cfg), sweeper
 
 
 def point_in_grid(sweeper: dict, record: dict, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -502,7 +493,7 @@ def run_records(run: pathlib.Path, name: str) -> tuple[list[str], list[str], dic
     """A run's sweep-point overrides, the command line's overrides, and its config, flattened."""
     overrides = yaml.load((run / ".hydra" / "overrides.yaml").read_text(), Loader=LOADER)
     start = overrides.index(f"+sweeps={name}")  # the sweeper's point comes first, then the command line's
-    config = flat(yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=LOADER))
+    config = flatten_config(yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=LOADER))
     return overrides[:start], overrides[start + 1:], config
 
 
