@@ -300,3 +300,58 @@ def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pi
     assert trial.state == TrialState.FAIL and trial.values is None, (trial.state, trial.values)
     assert "ended without a result" in trial.user_attrs["error"]
     assert len(list((tmp_path / ".submitit").glob("*/*_result.pkl.stale-*"))) == 1  # the old result, moved aside
+
+
+def test_a_job_that_raised_outside_its_task_fails_its_trial_and_is_not_retried(tmp_path):
+    """A job whose own code raised before or after the task (here Hydra could not compose its overrides: the study
+    samples a key the config lacks) leaves submitit's "error" result, a FailedJobError: the sweeper read it as a job
+    that died and ran the same failing job again (`retried as trial 1`, `1 retried, 1 failed`, the error not in the
+    trial's record). It fails its trial with the error, as a task's own exception does, and is not retried."""
+    proc = sweep(tmp_path, *LOCAL, "x=choice(1)", "zz=choice(1)", "hydra.sweeper.n_trials=1",
+                 "hydra.sweeper.max_failure_rate=1.0")
+    out = proc.stdout + proc.stderr
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL and "retried as trial" not in out, out[-3000:]
+    assert "Could not override 'zz'" in trial.user_attrs["error"] and not trial.user_attrs.get("interrupted")
+
+
+class _Raised(_Done):
+    """A finished submitit job whose `results()` raises ``exc`` (what submitit raises for its outcome)."""
+
+    def __init__(self, exc):
+        super().__init__(None)
+        self.exc = exc
+        self.paths.stderr = "123_0_log.err"
+
+    def results(self):
+        raise self.exc
+
+
+def _trace(last: str) -> str:
+    """submitit's FailedJobError message around a traceback whose exception lines are ``last``."""
+    return ("Job (task=0) failed during processing with trace:\n----------------------\nTraceback (most recent call "
+            f"last):\n  File \"x.py\", line 1, in f\n    g()\n{last}\n\n----------------------\nYou can check full "
+            "logs with 'job.stderr(0)' and 'job.stdout(0)'or at paths:\n  - 123_0_log.err\n  - 123_0_log.out")
+
+
+def test_only_a_job_that_left_no_result_or_was_stopped_by_submitit_is_retried():
+    """A job with no result (killed, preempted, out of memory) or stopped by submitit's time-out handler is a
+    JobDied (retried); one that raised, or whose result this process cannot read (an exception of the task that does
+    not unpickle), is a failed return naming the error, which fails its trial for good, as under the basic launcher."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    from hydra_plugins.vitsweep_sweeper._submitit import JobDied, SubmititBatches
+
+    def value(exc):
+        return SubmititBatches._result(None, _Raised(exc), 7)._return_value
+
+    assert isinstance(value(UncompletedJobError("Job 123 has not produced any output (state: FINISHED)")), JobDied)
+    timed_out = "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times."
+    assert isinstance(value(FailedJobError(_trace(timed_out))), JobDied)
+    raised = value(FailedJobError(_trace("hydra.errors.ConfigCompositionException: Could not override 'zz'.\n"
+                                         "To append to your config use +zz=1")))
+    assert not isinstance(raised, JobDied)
+    assert str(raised).startswith("hydra.errors.ConfigCompositionException: Could not override 'zz'.\nTo append")
+    assert "submitit job 123 (Hydra job #7)" in str(raised) and "123_0_log.err" in str(raised)
+    unreadable = value(TypeError("KeyError2.__init__() missing 1 required positional argument: 'why'"))
+    assert not isinstance(unreadable, JobDied) and "missing 1 required positional argument" in str(unreadable)

@@ -10,12 +10,16 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
 - a job that returned is told at once (as the vectorized launcher reports its jobs);
 - a job that left no result becomes a `JobDied` return, and the sweeper fails its trial as interrupted and
   enqueues a retry with the same parameters and job number (counted against `hydra.sweeper.max_retries`);
+- a job that raised outside its task (Hydra could not compose its overrides, a callback) or left a result this
+  process cannot load becomes a `JobError` return: its trial fails with the error, as for the task's own
+  exception, and is not retried (the same job would fail the same way);
 - a sweeper stopped mid-batch (Ctrl-C, SIGTERM) cancels the batch's unfinished jobs before it hands their
   trials back, so no job keeps writing into a run dir that a retry will use.
 """
 
 import copy
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +35,14 @@ SUBMITIT_PREFIX = "hydra_plugins.hydra_submitit_launcher."
 
 class JobDied(RuntimeError):
     """A submitit job that ended without a result: the sweeper fails its trial as interrupted and retries it."""
+
+
+class JobError(RuntimeError):
+    """A submitit job that raised outside its task, or left a result that cannot be loaded: its trial fails, as for
+    an exception of the task, and is not retried (the same job would fail the same way)."""
+
+
+TIME_OUT_ERROR = "submitit.core.utils.UncompletedJobError: "  # raised by submitit's handler of a time-out signal
 
 
 def is_submitit(launcher: Any) -> bool:
@@ -158,12 +170,25 @@ class SubmititBatches:
         return [returns[n] for n in numbers]
 
     def _result(self, job: Any, n: int) -> JobReturn:
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+
         try:
             ret = job.results()[0]
-        except Exception as e:  # noqa: BLE001 - killed, preempted and not requeued, out of memory, node failure
+        except FailedJobError as e:  # the job's own code raised outside the task (Hydra's composition, a callback)
+            raised = _raised(str(e))
+            if raised.startswith(TIME_OUT_ERROR):  # submitit's time-out handler, between tasks: not requeued
+                return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
+                             f"({raised}); its output: {job.paths.stdout}")
+            return _failed(JobError(f"{raised}\n(raised by submitit job {job.job_id} (Hydra job #{n}) outside its "
+                                    f"task; its traceback: {job.paths.stderr})"))
+        except (UncompletedJobError, OSError) as e:  # killed, preempted and not requeued, out of memory, node failure
             return _died(f"submitit job {job.job_id} (Hydra job #{n}) ended without a result (state {job.state}, "
                          f"{type(e).__name__}); its output: {job.paths.stdout}")
-        from submitit.core.utils import UncompletedJobError
+        except Exception as e:  # noqa: BLE001 - a result this process cannot load: the same again on a retry
+            return _failed(JobError(
+                f"submitit job {job.job_id} (Hydra job #{n}) left a result this process cannot load "
+                f"({type(e).__name__}: {e}), most often an exception of the task that does not unpickle (one whose "
+                f"__init__ takes other arguments than its message); its output: {job.paths.stdout}"))
 
         stopped = getattr(ret, "_return_value", None)  # a failed JobReturn raises its exception on .return_value
         if ret.status == JobStatus.FAILED and isinstance(stopped, UncompletedJobError):
@@ -204,6 +229,23 @@ def _move_stale_result(job: Any, submitted: float) -> None:
                         f"{job.job_id}")
     except FileNotFoundError:
         pass
+
+
+def _raised(message: str) -> str:
+    """The exception lines ("module.Error: message", and the message's further lines) of the traceback in a
+    FailedJobError's message; the whole message when it holds none."""
+    sep = "----------------------"
+    trace = message.split(sep)[1] if message.count(sep) >= 2 else message
+    lines = trace.strip().splitlines()
+    heads = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(:\s|:?$)", line)
+             and not line.startswith("Traceback")]
+    return "\n".join(lines[heads[-1]:]).strip() if heads else message
+
+
+def _failed(exc: Exception) -> JobReturn:
+    ret = JobReturn()
+    ret.status, ret.return_value = JobStatus.FAILED, exc
+    return ret
 
 
 def _died(why: str, ret: JobReturn | None = None) -> JobReturn:
