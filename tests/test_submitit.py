@@ -355,3 +355,32 @@ def test_only_a_job_that_left_no_result_or_was_stopped_by_submitit_is_retried():
     assert "submitit job 123 (Hydra job #7)" in str(raised) and "123_0_log.err" in str(raised)
     unreadable = value(TypeError("KeyError2.__init__() missing 1 required positional argument: 'why'"))
     assert not isinstance(unreadable, JobDied) and "missing 1 required positional argument" in str(unreadable)
+
+
+try:  # a site's own launchers, as a cluster's users write them: submitit's, with their defaults, under their module
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
+
+    class SiteSlurmLauncher(SlurmLauncher):
+        pass
+
+    class SiteLocalLauncher(LocalLauncher):
+        pass
+except ImportError:  # the [submitit] extra is missing: the module is skipped above
+    pass
+
+
+def test_a_subclass_of_submitit_s_slurm_launcher_is_remote_wherever_it_lives():
+    """Whether the jobs run on other machines was read from the spelling of hydra.launcher._target_ (submitit's
+    module, a name not ending in .LocalLauncher): a site's subclass of SlurmLauncher under its own module was taken
+    for a local launcher, so the workers set OMP_NUM_THREADS and MKL_NUM_THREADS to their share of this machine's
+    cores (and CUDA_VISIBLE_DEVICES to one of its GPUs), which sbatch exports into every SLURM job. It is read from
+    the launcher's class now."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.vitsweep_sweeper import _submitit
+
+    def cfg(target):
+        return OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+    assert _submitit.is_remote(cfg(f"{__name__}.SiteSlurmLauncher"))
+    assert not _submitit.is_remote(cfg(f"{__name__}.SiteLocalLauncher"))
+    assert not _submitit.is_remote(cfg("hydra_plugins.vitsweep_launcher.launcher.VectorizedLauncher"))

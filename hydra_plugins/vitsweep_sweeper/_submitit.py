@@ -46,18 +46,22 @@ TIME_OUT_ERROR = "submitit.core.utils.UncompletedJobError: "  # raised by submit
 
 
 def is_submitit(launcher: Any) -> bool:
-    return any(c.__module__.startswith(SUBMITIT_PREFIX) for c in type(launcher).__mro__)
-
-
-def is_submitit_target(config: Any) -> bool:
-    target = OmegaConf.select(config, "hydra.launcher._target_", default="") or ""
-    return str(target).startswith(SUBMITIT_PREFIX)
+    """`launcher` (an instance or a class) is hydra-submitit-launcher's, or a subclass of one."""
+    cls = launcher if isinstance(launcher, type) else type(launcher)
+    return any(c.__module__.startswith(SUBMITIT_PREFIX) for c in cls.__mro__)
 
 
 def is_remote(config: Any) -> bool:
-    """The jobs run on other machines (SLURM), not as children of this process."""
-    return is_submitit_target(config) and not str(OmegaConf.select(config, "hydra.launcher._target_")).endswith(
-        ".LocalLauncher")
+    """The jobs run on other machines (SLURM), not as children of this process: the launcher's class, read from
+    `hydra.launcher._target_`, is a submitit launcher (a site's subclass too, under any module) whose executor is
+    not submitit's local one."""
+    target = OmegaConf.select(config, "hydra.launcher._target_", default="") or ""
+    if not target:
+        return False
+    from hydra.utils import get_class
+
+    cls = get_class(str(target))
+    return is_submitit(cls) and getattr(cls, "_EXECUTOR", "local") != "local"
 
 
 INIT_KEYS = {"max_num_timeout", "submitit_folder"}  # given to submitit's executor when it is built, not as parameters
