@@ -384,3 +384,17 @@ def test_a_subclass_of_submitit_s_slurm_launcher_is_remote_wherever_it_lives():
     assert _submitit.is_remote(cfg(f"{__name__}.SiteSlurmLauncher"))
     assert not _submitit.is_remote(cfg(f"{__name__}.SiteLocalLauncher"))
     assert not _submitit.is_remote(cfg("hydra_plugins.vitsweep_launcher.launcher.VectorizedLauncher"))
+
+
+def test_a_task_s_own_failed_submitit_job_fails_its_trial_and_is_not_retried():
+    """Only submitit's time-out handler's UncompletedJobError, raised inside the task, is a job that died; a
+    FailedJobError (its subclass) that the task raised itself (a job it submitted failed) is the task's own error."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from submitit.core.utils import FailedJobError
+
+    from hydra_plugins.vitsweep_sweeper._submitit import JobDied, SubmititBatches
+
+    ret = JobReturn()
+    ret.status, ret.return_value = JobStatus.FAILED, FailedJobError("Job (task=0) failed during processing")
+    assert isinstance(SubmititBatches._result(None, _Done(ret), 7)._return_value, FailedJobError)
+    assert not isinstance(SubmititBatches._result(None, _Done(ret), 7)._return_value, JobDied)

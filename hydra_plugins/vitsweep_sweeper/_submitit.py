@@ -195,7 +195,7 @@ class SubmititBatches:
                 f"__init__ takes other arguments than its message); its output: {job.paths.stdout}"))
 
         stopped = getattr(ret, "_return_value", None)  # a failed JobReturn raises its exception on .return_value
-        if ret.status == JobStatus.FAILED and isinstance(stopped, UncompletedJobError):
+        if ret.status == JobStatus.FAILED and type(stopped) is UncompletedJobError:
             # submitit's time-out handler raised inside the task (a time-out beyond max_num_timeout, not requeued)
             # and Hydra's run_job returned it as the job's failure: a job that died, to retry, not a failed trial
             return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
