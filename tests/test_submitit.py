@@ -18,7 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hydra_plugins.vitsweep_sweeper import study as st
-from tests.helpers import APP, GRID, LIVENESS, ROOT, assert_each_point_once, counted, gone, load, sweep, wait_for
+from tests.helpers import APP, GRID, LIVENESS, ROOT, assert_each_point_once, counted, gone, load, run, sweep, wait_for
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [submitit] extra")
 LOCAL = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
@@ -302,17 +302,18 @@ def test_a_local_job_that_died_is_not_told_the_result_an_earlier_job_with_its_pi
     assert len(list((tmp_path / ".submitit").glob("*/*_result.pkl.stale-*"))) == 1  # the old result, moved aside
 
 
-def test_a_job_that_raised_outside_its_task_fails_its_trial_and_is_not_retried(tmp_path):
-    """A job whose own code raised before or after the task (here Hydra could not compose its overrides: the study
-    samples a key the config lacks) leaves submitit's "error" result, a FailedJobError: the sweeper read it as a job
-    that died and ran the same failing job again (`retried as trial 1`, `1 retried, 1 failed`, the error not in the
-    trial's record). It fails its trial with the error, as a task's own exception does, and is not retried."""
-    proc = sweep(tmp_path, *LOCAL, "x=choice(1)", "zz=choice(1)", "hydra.sweeper.n_trials=1",
-                 "hydra.sweeper.max_failure_rate=1.0")
+def test_a_job_whose_result_cannot_be_loaded_fails_its_trial_and_is_not_retried(tmp_path):
+    """A task whose exception does not unpickle leaves a result the sweeper cannot load: it was read as a job that died
+    and the same failing job ran again (`retried as trial 1`, `1 retried, 1 failed`, the error not in the trial's
+    record). Its trial fails with the error, as a task's own exception does, and is not retried."""
+    proc = run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=choice(1)", "fail=true",
+                "hydra.sweeper.n_trials=1", "hydra.sweeper.max_failure_rate=1.0"], cwd=tmp_path,
+               env={"SWEEPER_APP_UNPICKLABLE": "1"})
     out = proc.stdout + proc.stderr
     (trial,) = load(tmp_path).trials
     assert trial.state == TrialState.FAIL and "retried as trial" not in out, out[-3000:]
-    assert "Could not override 'zz'" in trial.user_attrs["error"] and not trial.user_attrs.get("interrupted")
+    assert "TwoArgumentError" in trial.user_attrs["error"] and not trial.user_attrs.get("interrupted")
+    assert (tmp_path / "0" / "attempts").read_text() == "1", "the job ran once"
 
 
 class _Raised(_Done):
@@ -398,3 +399,15 @@ def test_a_task_s_own_failed_submitit_job_fails_its_trial_and_is_not_retried():
     ret.status, ret.return_value = JobStatus.FAILED, FailedJobError("Job (task=0) failed during processing")
     assert isinstance(SubmititBatches._result(None, _Done(ret), 7)._return_value, FailedJobError)
     assert not isinstance(SubmititBatches._result(None, _Done(ret), 7)._return_value, JobDied)
+
+
+def test_a_trial_whose_overrides_do_not_compose_fails_before_its_job_is_submitted(tmp_path):
+    """Hydra's sweepers compose each job of a batch before the launch (`validate_batch_is_legal`): "this repeats work
+    the launcher will do, but as the launcher may be performing this in a different process/machine it's important to
+    do it here as well to detect failures early". The sweeper did not, so on SLURM a trial whose overrides Hydra
+    cannot compose waited in the queue for a job that failed at its start. It fails now without a job."""
+    sweep(tmp_path, *LOCAL, "x=choice(1)", "zz=choice(1)", "hydra.sweeper.n_trials=1",
+          "hydra.sweeper.max_failure_rate=1.0")
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL and "Could not override 'zz'" in trial.user_attrs["error"]
+    assert not list((tmp_path / ".submitit").glob("*/*.pkl")), "no job was submitted"

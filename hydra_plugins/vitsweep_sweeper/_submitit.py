@@ -10,6 +10,8 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
 - a job that returned is told at once (as the vectorized launcher reports its jobs);
 - a job that left no result becomes a `JobDied` return, and the sweeper fails its trial as interrupted and
   enqueues a retry with the same parameters and job number (counted against `hydra.sweeper.max_retries`);
+- a job whose config Hydra cannot compose (checked here, as Hydra's sweepers check a batch before its launch) is
+  not submitted: its trial fails with the error (on SLURM it would fail at its start, after its wait in the queue);
 - a job that raised outside its task (Hydra could not compose its overrides, a callback) or left a result this
   process cannot load becomes a `JobError` return: its trial fails with the error, as for the task's own
   exception, and is not retried (the same job would fail the same way);
@@ -147,16 +149,21 @@ class SubmititBatches:
         numbers = list(self.job_numbers or range(initial_job_idx, initial_job_idx + len(job_overrides)))
         executor = self._executor()
         log.info(f"Submitit '{self.launcher._EXECUTOR}' sweep output dir : {config.hydra.sweep.dir}")
-        params = []
+        params, returns = [], {}
         for n, overrides in zip(numbers, job_overrides, strict=True):
             log.info(f"\t#{n} : {' '.join(filter_overrides(overrides))}")
+            failed = self._compose_error(list(overrides), n)
+            if failed is not None:  # as Hydra's sweepers' validate_batch_is_legal, per job: the others still run
+                returns[n] = failed
+                if self.on_job_done is not None:
+                    self.on_job_done(n, failed)
+                continue
             params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
         submitted = time.time()
-        jobs = executor.map_array(self.launcher, *zip(*params, strict=True))
+        jobs = executor.map_array(self.launcher, *zip(*params, strict=True)) if params else []
         for job in jobs if self.launcher._EXECUTOR == "local" else ():  # a local job's folder is named by its pid
             _move_stale_result(job, submitted)
-        number = {id(j): n for j, n in zip(jobs, numbers, strict=True)}
-        returns: dict[int, JobReturn] = {}
+        number = {id(j): p[2] for j, p in zip(jobs, params, strict=True)}
         try:
             for job in submitit.helpers.as_completed(jobs, poll_frequency=self.poll_s):
                 n = number[id(job)]
@@ -172,6 +179,17 @@ class SubmititBatches:
                         log.debug(f"cancel {job.job_id}: {e}")
             raise
         return [returns[n] for n in numbers]
+
+    def _compose_error(self, overrides: list[str], n: int) -> JobReturn | None:
+        """A failed return when Hydra cannot compose the job's config here (the job would fail at its start, on
+        SLURM after its wait in the queue), else None."""
+        launcher = self.launcher
+        try:
+            launcher.hydra_context.config_loader.load_sweep_config(launcher.config, overrides)
+        except Exception as e:  # noqa: BLE001 - any composition error: the job's own, found before it is submitted
+            return _failed(JobError(f"{type(e).__name__}: {e}\n(Hydra job #{n}'s config does not compose; no "
+                                    "submitit job was submitted)"))
+        return None
 
     def _result(self, job: Any, n: int) -> JobReturn:
         from submitit.core.utils import FailedJobError, UncompletedJobError

@@ -3,7 +3,8 @@ sweeper's public protocol (its trial comes from the job's environment, never fro
 metrics.jsonl and summary.json, and raises TrialPruned after the records are written when the pruner stops it.
 With SWEEPER_APP_RESUME set, a run dir's metrics.jsonl is its checkpoint: a rerun there continues after its epochs.
 A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`.
-With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes."""
+With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes. With `fail=true` each
+attempt appends to the run dir's `attempts` file; SWEEPER_APP_UNPICKLABLE makes its error one that does not unpickle."""
 
 import json
 import math
@@ -29,6 +30,9 @@ def main(cfg: DictConfig):
     if os.environ.get("SWEEPER_APP_EXIT_PROBE"):  # what a job leaves for its process's exit (test_launcher.py)
         exit_probe(run_dir)
     if cfg.fail:
+        (run_dir / "attempts").open("a").write("1")
+        if os.environ.get("SWEEPER_APP_UNPICKLABLE"):  # an exception that pickles but does not unpickle
+            raise TwoArgumentError("lr", "must be > 0")
         raise RuntimeError("planted failure")
     if os.environ.get("SWEEPER_APP_INTERRUPT"):  # an event from outside (SIGTERM), not part of the study's recipe
         raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
@@ -65,6 +69,14 @@ def main(cfg: DictConfig):
     if cfg.objectives == 2:
         return final, (cfg.x - 2) ** 2 + (cfg.y - 2) ** 2
     return final
+
+
+class TwoArgumentError(ValueError):
+    """An error whose ``__init__`` takes other arguments than its message, as some libraries' do: pickling keeps the
+    message only, so unpickling calls ``__init__`` with one argument and fails."""
+
+    def __init__(self, key: str, why: str):
+        super().__init__(f"{key}: {why}")
 
 
 def exit_probe(run_dir: Path) -> None:
