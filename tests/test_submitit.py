@@ -411,3 +411,40 @@ def test_a_trial_whose_overrides_do_not_compose_fails_before_its_job_is_submitte
     (trial,) = load(tmp_path).trials
     assert trial.state == TrialState.FAIL and "Could not override 'zz'" in trial.user_attrs["error"]
     assert not list((tmp_path / ".submitit").glob("*/*.pkl")), "no job was submitted"
+
+
+def test_a_batch_with_one_job_that_does_not_compose_submits_and_reports_the_others_under_their_numbers():
+    """The job that does not compose fails alone, first; the others are submitted and told under their own job
+    numbers (a retry's number need not follow its batch's first)."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.vitsweep_sweeper._submitit import JobError, SubmititBatches
+
+    good = JobReturn()
+    good.status, good.return_value = JobStatus.COMPLETED, 1.5
+
+    class Job(_Done):
+        def done(self):
+            return True
+
+    class Executor:
+        def map_array(self, fn, overrides, *rest):
+            assert list(overrides) == [["x=2"]], "only the job that composes is submitted"
+            return [Job(good)]
+
+    class Loader:
+        def load_sweep_config(self, config, overrides):
+            if overrides == ["zz=1"]:
+                raise ValueError("Could not override 'zz'")
+
+    batches = SubmititBatches.__new__(SubmititBatches)
+    batches.launcher = type("L", (), {"config": OmegaConf.create({"hydra": {"sweep": {"dir": "/sweep"}}}),
+                                      "_EXECUTOR": "slurm",
+                                      "hydra_context": type("C", (), {"config_loader": Loader()})()})()
+    batches.poll_s, batches.job_numbers, told = 0.0, [9, 4], []
+    batches.on_job_done = lambda n, ret: told.append((n, ret))
+    batches._executor = Executor
+    bad, ok = batches.launch([["zz=1"], ["x=2"]], initial_job_idx=9)
+    assert isinstance(bad._return_value, JobError) and "Could not override 'zz'" in str(bad._return_value)
+    assert ok is good and [(n, r.status) for n, r in told] == [(9, JobStatus.FAILED), (4, JobStatus.COMPLETED)]
