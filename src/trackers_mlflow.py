@@ -32,6 +32,7 @@ MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAIL
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 PARAMS_PER_BATCH = 100  # MLflow's limit on params per log_batch
 REWRITTEN_TAG = "vitsweep.records_rewritten_from_step"  # where metrics.jsonl no longer holds what MLflow logged
+DROPPED_TAG = "vitsweep.tracking_dropped"  # the call and cause that cut this run's record short (src.trackers)
 
 
 @contextlib.contextmanager
@@ -88,6 +89,8 @@ class MLflowTracker:
         if run is not None:  # a resumed run continues its MLflow run
             self.run_id = run.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            if DROPPED_TAG in run.data.tags:  # dropped at an earlier start: this one sends it the rows it lacks
+                self.client.delete_tag(self.run_id, DROPPED_TAG)
             self._retag(run, tags)
             logged = self.client.get_metric_history(self.run_id, "epoch")
             self.seen_through = max((m.step for m in logged), default=-1)  # logged before a kill: not again
@@ -204,7 +207,12 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, status=status)
         self.run_id = None
 
-    def close(self, status: str = "FAILED") -> None:
-        if self.run_id is not None:  # ended without a summary (an exception, or a stop, before one was written)
-            self.client.set_terminated(self.run_id, status=status)
-            self.run_id = None
+    def close(self, status: str = "FAILED", dropped: str | None = None) -> None:
+        """End a run that no summary ended (an exception, or a stop, before one was written); ``dropped``: the call
+        and cause for which the tracker was dropped mid-run, tagged on the run (ended ``KILLED``: its record was cut
+        short while the training went on, and its run dir's summary.json holds the result)."""
+        if self.run_id is not None:
+            run_id, self.run_id = self.run_id, None
+            if dropped is not None:
+                self.client.set_tag(run_id, DROPPED_TAG, f"{dropped}; the run dir holds the whole run")
+            self.client.set_terminated(run_id, status=status)

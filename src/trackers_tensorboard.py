@@ -83,7 +83,7 @@ class TensorBoardTracker:
         self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG,
                                                                          metadata=smd)]))
 
-    def close(self, status: str = "FAILED") -> None:
+    def close(self, status: str = "FAILED", dropped: str | None = None) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -444,3 +444,43 @@ def test_cutting_a_torn_metrics_line_back_sends_the_trackers_nothing(tmp_path):
         f.write('{"epoch": 3, "st')
     recorder.keep_rows(2)
     assert [r["step"] for r in rows_of(tmp_path)] == [4, 8]
+
+
+def test_a_tracker_dropped_mid_run_does_not_end_its_mlflow_run_failed(tiny_cfg, tmp_path, monkeypatch):
+    """One MLflow call failing partway through training (a SQLite store locked by a sweep's other workers, a server's
+    timeout) drops the tracker and the run completes, but the drop ended its MLflow run FAILED, with no tag saying
+    why: a completed run looked like a failed training in MLflow, its curve cut short. Found by failing one
+    log_metrics of a run and reading its MLflow run. It now ends KILLED (its record was cut short) with the tag
+    vitsweep.tracking_dropped naming the call and the cause; a resume that continues the run fills its curve and
+    clears the tag."""
+    from src.trackers_mlflow import DROPPED_TAG, MLflowTracker
+
+    calls = []
+    log_metrics = MLflowTracker.log_metrics
+
+    def flaky(self, row):
+        calls.append(row["step"])
+        if len(calls) == 2:
+            raise ConnectionError("database is locked")
+        log_metrics(self, row)
+
+    monkeypatch.setattr(MLflowTracker, "log_metrics", flaky)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    assert train(cfg(3), run_dir)["status"] == "completed"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id_of(run_dir))
+    assert run.info.status == "KILLED"
+    assert run.data.tags[DROPPED_TAG].startswith("log_metrics failed (ConnectionError: database is locked)")
+    assert "status" not in run.data.tags  # no summary reached it: the run dir's summary.json is the result
+    assert len(history(client, run.info.run_id, "train_error")) == 1
+
+    assert train(cfg(4), run_dir)["status"] == "completed"  # extended: the resume continues the MLflow run
+    run = client.get_run(run_id_of(run_dir))
+    assert run.info.status == "FINISHED" and DROPPED_TAG not in run.data.tags
+    assert same_curve(history(client, run.info.run_id, "train_error"), rows_of(run_dir), "train_error")
