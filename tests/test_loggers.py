@@ -484,3 +484,79 @@ def test_a_tracker_dropped_mid_run_does_not_end_its_mlflow_run_failed(tiny_cfg, 
     run = client.get_run(run_id_of(run_dir))
     assert run.info.status == "FINISHED" and DROPPED_TAG not in run.data.tags
     assert same_curve(history(client, run.info.run_id, "train_error"), rows_of(run_dir), "train_error")
+
+
+def test_a_relative_tracking_uri_resumed_from_another_directory_continues_its_mlflow_run(tiny_cfg, tmp_path,
+                                                                                         monkeypatch, caplog):
+    """A relative store (`logger.mlflow.tracking_uri=sqlite:///mlflow.db`, MLflow resolves it from the cwd) was kept
+    in tracker.json as written: the same command resumed from another directory found no store there, warned that
+    the run dir was copied or moved and split the run into a second MLflow run in a second store. Found by resuming
+    a run from another cwd. The store is now kept as an absolute URI, where the first start resolved it."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=mlflow", "logger.mlflow.tracking_uri=sqlite:///mlflow.db", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    monkeypatch.chdir(first)
+    train(cfg(1), run_dir)
+    run_id = run_id_of(run_dir)
+    monkeypatch.chdir(other)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2), run_dir)
+    assert "copied or moved" not in caplog.text and run_id_of(run_dir) == run_id
+    assert not (other / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{first / 'mlflow.db'}")
+    assert same_curve(history(client, run_id, "train_error"), rows_of(run_dir), "train_error")
+    assert len(rows_of(run_dir)) == 2
+
+
+def test_a_resume_told_another_tracking_uri_goes_on_there(tiny_cfg, tmp_path, caplog):
+    """A `logger.mlflow.tracking_uri` given on resume that names another store than the MLflow run tracker.json
+    names was ignored without a word: the run went on in the old store, and the user found nothing in the new one
+    (nor any way to leave an old store that is gone for good but the tracker being dropped at every start). Found
+    by resuming with another URI. The run now goes on in a new MLflow run in the store asked for, sent the rows
+    metrics.jsonl keeps (its whole curve), with a warning naming both; the earlier run keeps what it logged."""
+    old, new = f"sqlite:///{tmp_path}/old.db", f"sqlite:///{tmp_path}/new.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int, uri: str):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    train(cfg(1, old), run_dir)
+    first = run_id_of(run_dir)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2, new), run_dir)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "src.trackers_mlflow"]
+    assert old in warning and new in warning and first in warning
+    second = run_id_of(run_dir)
+    assert second != first and json.loads((run_dir / "tracker.json").read_text())["mlflow"]["tracking_uri"] == new
+    assert same_curve(history(MlflowClient(tracking_uri=new), second, "train_error"), rows_of(run_dir), "train_error")
+    assert len(history(MlflowClient(tracking_uri=old), first, "train_error")) == 1
+
+
+def test_a_resume_told_another_experiment_goes_on_there(tiny_cfg, tmp_path, caplog):
+    """As with another store: `logger.mlflow.experiment_name` given on resume that names another experiment than the
+    run's goes on in a new MLflow run in that experiment, with its whole curve and a warning naming both."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int, experiment: str):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
+                        f"logger.mlflow.experiment_name={experiment}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    train(cfg(1, "a"), run_dir)
+    first = run_id_of(run_dir)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2, "b"), run_dir)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "src.trackers_mlflow"]
+    assert "experiment a" in warning and "experiment_name=b" in warning
+    (run,) = mlflow_runs(uri, "b")
+    assert run.info.run_id == run_id_of(run_dir) != first
+    assert same_curve(history(MlflowClient(tracking_uri=uri), run.info.run_id, "train_error"), rows_of(run_dir),
+                      "train_error")
