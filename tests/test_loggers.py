@@ -560,3 +560,28 @@ def test_a_resume_told_another_experiment_goes_on_there(tiny_cfg, tmp_path, capl
     assert run.info.run_id == run_id_of(run_dir) != first
     assert same_curve(history(MlflowClient(tracking_uri=uri), run.info.run_id, "train_error"), rows_of(run_dir),
                       "train_error")
+
+
+def test_tensorboard_itself_shows_a_stopped_and_resumed_run_as_one_curve(tiny_cfg, tmp_path):
+    """TensorBoard's server reads event files with its plugin event accumulator, which takes the first session start
+    it sees for the run's beginning, not a restart: the resumed start's purge step (the first start writes none)
+    purged nothing there, so `tensorboard --logdir` showed the steps the killed start logged after its checkpoint
+    twice (wall_s at two values) and its `interrupted` summary text; the legacy accumulator the other tests read
+    with purges. Found by reading a resumed run's events with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as ServerReader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg("logger=tensorboard", "scheduler=constant", "trainer.max_epochs=4", "trainer.checkpoint=true",
+                   "trainer.checkpoint_every=2")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(3))  # epoch 3's row went out; the checkpoint holds epoch 2
+    train(cfg, run_dir)
+    acc = ServerReader(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    rows = rows_of(run_dir)
+    for key in ("train_error", "wall_s"):
+        points = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(key)]
+        assert same_curve(points, rows, key), (key, points)
+    texts = [json.loads(make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("summary/text_summary")]
+    assert [t["stop_reason"] for t in texts] == ["max_epochs"]
