@@ -5,11 +5,11 @@ as well as to the run dir (which stays the record analysis reads). Details in ``
 This module chooses and shields them; the trackers themselves are ``src.trackers_tensorboard`` and
 ``src.trackers_mlflow``, and what both send is taken from the run's records by ``src.trackers_payload``.
 A tracker is ``start(run_dir, cfg, resume_step, tags)``, ``log_metrics(row)``, ``rewind(step, rows)``,
-``log_summary(summary)`` and ``close()``. ``Trackers`` holds the chosen ones for one run and shields the run from
-them: a tracker that fails (an unreachable server, an unwritable store) is dropped with one warning naming it and
-the cause, and training goes on. A tracker's package loads only when a run starts it, so ``logger=none`` imports
-neither; a package that is not installed is refused before any training (``check_trackers``, from
-``src.validate.check_config``).
+``log_summary(summary)`` and ``close(status, dropped=None)``. ``Trackers`` holds the chosen ones for one run and
+shields the run from them: a tracker that fails (an unreachable server, an unwritable store) is dropped with one
+warning naming it and the cause (and closed with that cause), and training goes on. A tracker's package loads
+only when a run starts it, so ``logger=none`` imports neither; a package that is not installed is refused before
+any training (``check_trackers``, from ``src.validate.check_config``).
 """
 from __future__ import annotations
 
@@ -68,11 +68,11 @@ class Trackers:
                 getattr(tracker, method)(*args)
             except Exception as e:
                 self.active.remove(tracker)
-                log.warning(f"logger={tracker.name}: {method} failed ({type(e).__name__}: {str(e).strip()[:500]}); "
-                            f"nothing more is sent to {tracker.name} for this run, which goes on and writes its run "
-                            "dir in full (docs/trackers.md)")
-                with contextlib.suppress(Exception):
-                    tracker.close()
+                cause = f"{method} failed ({type(e).__name__}: {str(e).strip()[:500]})"
+                log.warning(f"logger={tracker.name}: {cause}; nothing more is sent to {tracker.name} for this run, "
+                            "which goes on and writes its run dir in full (docs/trackers.md)")
+                with contextlib.suppress(Exception):  # the tracker's record was cut short, not the training
+                    tracker.close("KILLED", dropped=cause)
 
     def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
         self._each("start", run_dir, cfg, resume_step, tags)

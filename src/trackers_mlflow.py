@@ -3,9 +3,11 @@
 A resumed run continues its MLflow run: it reopens the run whose id ``tracker.json`` keeps in the run dir and logs
 only the steps it has not seen, so a killed and resumed run is one curve with no step twice. A retried trial renames
 the MLflow run it continues; a run dir copied or moved elsewhere gets an MLflow run of its own (``tracker.json``
-names a run tagged with another run dir); a tracker run that starts on a resumed run dir is sent the rows it kept;
-the runs of earlier starts whose files were moved aside are ended. A sweep's workers share one local SQLite store,
-created under a file lock. The package loads only when a run starts the tracker (``src.trackers``).
+names a run tagged with another run dir), and so does one resumed with a ``logger.mlflow`` store or experiment
+other than its run's; a relative local store is kept absolute, so a resume from another cwd finds it; a tracker
+run that starts on a resumed run dir is sent the rows it kept; the runs of earlier starts whose files were moved
+aside are ended. A sweep's workers share one local SQLite store, created under a file lock. The package loads
+only when a run starts the tracker (``src.trackers``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ MLFLOW_STATUS = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAIL
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 PARAMS_PER_BATCH = 100  # MLflow's limit on params per log_batch
 REWRITTEN_TAG = "vitsweep.records_rewritten_from_step"  # where metrics.jsonl no longer holds what MLflow logged
+DROPPED_TAG = "vitsweep.tracking_dropped"  # the call and cause that cut this run's record short (src.trackers)
 
 
 @contextlib.contextmanager
@@ -50,6 +53,22 @@ def _store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def absolute_uri(uri: str) -> str:
+    """``uri`` with the relative path of a local store made absolute, from the cwd, where MLflow resolves it:
+    ``tracker.json`` keeps the store a start used, and a resume from another directory looked for it elsewhere."""
+    from urllib.parse import urlparse
+
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path, sep, query = uri.removeprefix("sqlite:///").partition("?")
+        return f"sqlite:///{Path(path).absolute()}{sep}{query}" if path and path != ":memory:" else uri
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and not parsed.netloc and not parsed.path.startswith("/"):
+        return Path(parsed.path).absolute().as_uri()
+    if not parsed.scheme and uri and uri != "databricks":  # a plain path: MLflow's file store
+        return str(Path(uri).absolute())
+    return uri
 
 
 def _same_dir(tags: Mapping[str, str], here: str) -> bool:
@@ -74,7 +93,8 @@ class MLflowTracker:
 
     def _uri(self, run_dir: Path) -> str:
         home = (self.sweep_dir or run_dir).absolute()
-        return self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"
+        return absolute_uri(uri)
 
     def start(self, run_dir: Path, cfg: Mapping[str, Any], resume_step: int, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -88,6 +108,8 @@ class MLflowTracker:
         if run is not None:  # a resumed run continues its MLflow run
             self.run_id = run.info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            if DROPPED_TAG in run.data.tags:  # dropped at an earlier start: this one sends it the rows it lacks
+                self.client.delete_tag(self.run_id, DROPPED_TAG)
             self._retag(run, tags)
             logged = self.client.get_metric_history(self.run_id, "epoch")
             self.seen_through = max((m.step for m in logged), default=-1)  # logged before a kill: not again
@@ -100,8 +122,8 @@ class MLflowTracker:
             run_tags = {"vitsweep.run_dir": here, **{f"vitsweep.{k}": str(v) for k, v in tags.items()}}
             name = f"trial-{tags['trial_number']}" if "trial_number" in tags else Path(run_dir).name
             self.run_id = self.client.create_run(experiment_id, run_name=name, tags=run_tags).info.run_id
-            text = json.dumps({"mlflow": {"tracking_uri": uri, "experiment_id": experiment_id,
-                                          "run_id": self.run_id}}, indent=2) + "\n"
+            text = json.dumps({"mlflow": {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": self.run_id,
+                                          "tracking_uri_setting": self.tracking_uri}}, indent=2) + "\n"
             atomic_write(path, lambda f: f.write(text.encode()))
             self._supersede(Path(run_dir))
         items = [Param(k, v) for k, v in params.items()]
@@ -113,13 +135,19 @@ class MLflowTracker:
     def _reopen(self, record: Mapping[str, Any], here: str) -> Any:
         """The MLflow run ``tracker.json`` names, to continue; None where there is none, or where it belongs to
         another run dir (this one was copied or moved: continuing would write into the original's run), or where
-        its local SQLite store is gone (moved with its folder). A store that cannot be reached raises: the tracker
+        its local SQLite store is gone (moved with its folder), or where ``logger.mlflow`` names another store or
+        experiment (the run goes on in a new MLflow run there). A store that cannot be reached raises: the tracker
         is dropped for this start and ``tracker.json`` is kept for the next."""
         if not record.get("run_id"):
             return None
         from mlflow.tracking import MlflowClient
 
         uri = record.get("tracking_uri") or ""
+        asked = self.tracking_uri  # the setting as given: a relative one is the same setting from another cwd
+        same = {record.get("tracking_uri_setting"), uri, absolute_uri(uri)}
+        if asked and asked not in same and absolute_uri(asked) not in same:
+            self._elsewhere(record, f"store {uri}", f"logger.mlflow.tracking_uri={absolute_uri(asked)}")
+            return None
         local = uri.removeprefix("sqlite:///").split("?", 1)[0] if uri.startswith("sqlite:///") else None
         if local is not None and not Path(local).is_file():
             owner = f"a store that is no longer there ({local})"
@@ -129,11 +157,21 @@ class MLflowTracker:
             run = self.client.get_run(record["run_id"])
             owner = run.data.tags.get("vitsweep.run_dir") or ""
             if owner and (owner == here or (Path(owner).exists() and os.path.samefile(owner, here))):  # any spelling
-                return run
+                kept = self.client.get_experiment(run.info.experiment_id).name if self.experiment_name else None
+                if kept is None or kept == self.experiment_name:
+                    return run
+                self._elsewhere(record, f"experiment {kept}", f"logger.mlflow.experiment_name={self.experiment_name}")
+                return None
         log.warning(f"logger=mlflow: {TRACKER_FILE} in {here} names MLflow run {record['run_id']} of {owner}, not "
                     "of this run dir (copied or moved): this run gets an MLflow run of its own, sent the rows "
                     "metrics.jsonl keeps, and the other run is left as it was")
         return None
+
+    @staticmethod
+    def _elsewhere(record: Mapping[str, Any], kept: str, asked: str) -> None:
+        log.warning(f"logger=mlflow: this resumed run's MLflow run {record['run_id']} is in {kept}, and {asked} "
+                    "names another: the run goes on in a new MLflow run there, sent the rows metrics.jsonl keeps, and "
+                    f"{TRACKER_FILE} names the new one; the earlier run keeps the steps it logged")
 
     def _retag(self, run: Any, tags: Mapping[str, Any]) -> None:
         """A retried trial resumes the run dir of the trial it retries, under its own number: the run's study and
@@ -204,7 +242,12 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, status=status)
         self.run_id = None
 
-    def close(self, status: str = "FAILED") -> None:
-        if self.run_id is not None:  # ended without a summary (an exception, or a stop, before one was written)
-            self.client.set_terminated(self.run_id, status=status)
-            self.run_id = None
+    def close(self, status: str = "FAILED", dropped: str | None = None) -> None:
+        """End a run that no summary ended (an exception, or a stop, before one was written); ``dropped``: the call
+        and cause for which the tracker was dropped mid-run, tagged on the run (ended ``KILLED``: its record was cut
+        short while the training went on, and its run dir's summary.json holds the result)."""
+        if self.run_id is not None:
+            run_id, self.run_id = self.run_id, None
+            if dropped is not None:
+                self.client.set_tag(run_id, DROPPED_TAG, f"{dropped}; the run dir holds the whole run")
+            self.client.set_terminated(run_id, status=status)

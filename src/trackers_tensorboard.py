@@ -1,8 +1,9 @@
 """``logger=tensorboard``: a run's evaluations, config and summary as TensorBoard event files in its run dir.
 
 A resumed run continues its event files: TensorBoard discards the events after the checkpoint's step
-(``purge_step``), so a killed and resumed run is one curve with no step twice; a tracker added to a resumed run is
-sent the rows the run dir kept. The package loads only when a run starts the tracker (``src.trackers``).
+(``purge_step``, and a second session start there: TensorBoard's server purges only at a start after its first), so
+a killed and resumed run is one curve with no step twice; a tracker added to a resumed run is sent the rows the run
+dir kept. The package loads only when a run starts the tracker (``src.trackers``).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class TensorBoardTracker:
         # kill, about to be logged again)
         self.writer = SummaryWriter(str(log_dir), purge_step=None if fresh else resume_step + 1,
                                     flush_secs=self.flush_secs)
+        if not fresh:  # TensorBoard's server takes the first session start it reads for the run's beginning, and
+            self._session_start(resume_step + 1)  # purges only at a later one: the writer's, written once, did not
         if fresh:  # the experiment and session start: the session's end is written with the summary (log_summary)
             for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan})[:2]:
                 self.writer.file_writer.add_summary(summary)
@@ -52,13 +55,16 @@ class TensorBoardTracker:
     def rewind(self, step: int, rows: list[Mapping[str, Any]]) -> None:
         """Readers discard this run's events from ``step`` on (as ``purge_step`` does when a writer opens: a session
         start at that step), then ``rows``, what ``metrics.jsonl`` now holds there, are logged in their place."""
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-        self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        self._session_start(step)
         for row in rows:
             self.log_metrics(row)
         if self.start_text is not None and self.start_text[1] >= step:
             self.writer.add_text("vitsweep/start", *self.start_text)
+
+    def _session_start(self, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         step = summary["steps"]
@@ -83,7 +89,7 @@ class TensorBoardTracker:
         self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=metadata.SESSION_END_INFO_TAG,
                                                                          metadata=smd)]))
 
-    def close(self, status: str = "FAILED") -> None:
+    def close(self, status: str = "FAILED", dropped: str | None = None) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

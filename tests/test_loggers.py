@@ -444,3 +444,144 @@ def test_cutting_a_torn_metrics_line_back_sends_the_trackers_nothing(tmp_path):
         f.write('{"epoch": 3, "st')
     recorder.keep_rows(2)
     assert [r["step"] for r in rows_of(tmp_path)] == [4, 8]
+
+
+def test_a_tracker_dropped_mid_run_does_not_end_its_mlflow_run_failed(tiny_cfg, tmp_path, monkeypatch):
+    """One MLflow call failing partway through training (a SQLite store locked by a sweep's other workers, a server's
+    timeout) drops the tracker and the run completes, but the drop ended its MLflow run FAILED, with no tag saying
+    why: a completed run looked like a failed training in MLflow, its curve cut short. Found by failing one
+    log_metrics of a run and reading its MLflow run. It now ends KILLED (its record was cut short) with the tag
+    vitsweep.tracking_dropped naming the call and the cause; a resume that continues the run fills its curve and
+    clears the tag."""
+    from src.trackers_mlflow import DROPPED_TAG, MLflowTracker
+
+    calls = []
+    log_metrics = MLflowTracker.log_metrics
+
+    def flaky(self, row):
+        calls.append(row["step"])
+        if len(calls) == 2:
+            raise ConnectionError("database is locked")
+        log_metrics(self, row)
+
+    monkeypatch.setattr(MLflowTracker, "log_metrics", flaky)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    assert train(cfg(3), run_dir)["status"] == "completed"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id_of(run_dir))
+    assert run.info.status == "KILLED"
+    assert run.data.tags[DROPPED_TAG].startswith("log_metrics failed (ConnectionError: database is locked)")
+    assert "status" not in run.data.tags  # no summary reached it: the run dir's summary.json is the result
+    assert len(history(client, run.info.run_id, "train_error")) == 1
+
+    assert train(cfg(4), run_dir)["status"] == "completed"  # extended: the resume continues the MLflow run
+    run = client.get_run(run_id_of(run_dir))
+    assert run.info.status == "FINISHED" and DROPPED_TAG not in run.data.tags
+    assert same_curve(history(client, run.info.run_id, "train_error"), rows_of(run_dir), "train_error")
+
+
+def test_a_relative_tracking_uri_resumed_from_another_directory_continues_its_mlflow_run(tiny_cfg, tmp_path,
+                                                                                         monkeypatch, caplog):
+    """A relative store (`logger.mlflow.tracking_uri=sqlite:///mlflow.db`, MLflow resolves it from the cwd) was kept
+    in tracker.json as written: the same command resumed from another directory found no store there, warned that
+    the run dir was copied or moved and split the run into a second MLflow run in a second store. Found by resuming
+    a run from another cwd. The store is now kept as an absolute URI, where the first start resolved it."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=mlflow", "logger.mlflow.tracking_uri=sqlite:///mlflow.db", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    monkeypatch.chdir(first)
+    train(cfg(1), run_dir)
+    run_id = run_id_of(run_dir)
+    monkeypatch.chdir(other)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2), run_dir)
+    assert "copied or moved" not in caplog.text and run_id_of(run_dir) == run_id
+    assert not (other / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{first / 'mlflow.db'}")
+    assert same_curve(history(client, run_id, "train_error"), rows_of(run_dir), "train_error")
+    assert len(rows_of(run_dir)) == 2
+
+
+def test_a_resume_told_another_tracking_uri_goes_on_there(tiny_cfg, tmp_path, caplog):
+    """A `logger.mlflow.tracking_uri` given on resume that names another store than the MLflow run tracker.json
+    names was ignored without a word: the run went on in the old store, and the user found nothing in the new one
+    (nor any way to leave an old store that is gone for good but the tracker being dropped at every start). Found
+    by resuming with another URI. The run now goes on in a new MLflow run in the store asked for, sent the rows
+    metrics.jsonl keeps (its whole curve), with a warning naming both; the earlier run keeps what it logged."""
+    old, new = f"sqlite:///{tmp_path}/old.db", f"sqlite:///{tmp_path}/new.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int, uri: str):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    train(cfg(1, old), run_dir)
+    first = run_id_of(run_dir)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2, new), run_dir)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "src.trackers_mlflow"]
+    assert old in warning and new in warning and first in warning
+    second = run_id_of(run_dir)
+    assert second != first and json.loads((run_dir / "tracker.json").read_text())["mlflow"]["tracking_uri"] == new
+    assert same_curve(history(MlflowClient(tracking_uri=new), second, "train_error"), rows_of(run_dir), "train_error")
+    assert len(history(MlflowClient(tracking_uri=old), first, "train_error")) == 1
+
+
+def test_a_resume_told_another_experiment_goes_on_there(tiny_cfg, tmp_path, caplog):
+    """As with another store: `logger.mlflow.experiment_name` given on resume that names another experiment than the
+    run's goes on in a new MLflow run in that experiment, with its whole curve and a warning naming both."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+
+    def cfg(epochs: int, experiment: str):
+        return tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
+                        f"logger.mlflow.experiment_name={experiment}", "scheduler=constant",
+                        f"trainer.max_epochs={epochs}", "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    train(cfg(1, "a"), run_dir)
+    first = run_id_of(run_dir)
+    with caplog.at_level(logging.WARNING):
+        train(cfg(2, "b"), run_dir)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "src.trackers_mlflow"]
+    assert "experiment a" in warning and "experiment_name=b" in warning
+    (run,) = mlflow_runs(uri, "b")
+    assert run.info.run_id == run_id_of(run_dir) != first
+    assert same_curve(history(MlflowClient(tracking_uri=uri), run.info.run_id, "train_error"), rows_of(run_dir),
+                      "train_error")
+
+
+def test_tensorboard_itself_shows_a_stopped_and_resumed_run_as_one_curve(tiny_cfg, tmp_path):
+    """TensorBoard's server reads event files with its plugin event accumulator, which takes the first session start
+    it sees for the run's beginning, not a restart: the resumed start's purge step (the first start writes none)
+    purged nothing there, so `tensorboard --logdir` showed the steps the killed start logged after its checkpoint
+    twice (wall_s at two values) and its `interrupted` summary text; the legacy accumulator the other tests read
+    with purges. Found by reading a resumed run's events with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as ServerReader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_cfg("logger=tensorboard", "scheduler=constant", "trainer.max_epochs=4", "trainer.checkpoint=true",
+                   "trainer.checkpoint_every=2")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir, reporter=StopAt(3))  # epoch 3's row went out; the checkpoint holds epoch 2
+    train(cfg, run_dir)
+    acc = ServerReader(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    rows = rows_of(run_dir)
+    for key in ("train_error", "wall_s"):
+        points = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(key)]
+        assert same_curve(points, rows, key), (key, points)
+    texts = [json.loads(make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("summary/text_summary")]
+    assert [t["stop_reason"] for t in texts] == ["max_epochs"]
