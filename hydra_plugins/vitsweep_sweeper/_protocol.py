@@ -155,9 +155,15 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
                               pruner=pruner_from_study(storage, study_id))
     if len(study.directions) > 1:
         return None  # Optuna prunes single-objective studies only
-    handle = optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+    handle = optuna.Trial(study, trial_id)
+    # a retry carries the epochs its original reported (the sweeper copies them): its run, resumed from a checkpoint,
+    # may report some of them again; they stay as recorded, and the pruner already let the point go on past them
+    recorded = set(storage.get_trial(trial_id).intermediate_values)
 
     def report(value: float, epoch: int) -> bool:
+        if int(epoch) in recorded:
+            return False
         if not math.isfinite(value):
             return False  # the trainer stops on a non-finite loss by itself
         from optuna.exceptions import UpdateFinishedTrialError
