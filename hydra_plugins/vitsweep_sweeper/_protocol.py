@@ -12,7 +12,8 @@ from typing import Any
 __all__ = ["ENV", "Reporter", "TrialIdentity", "TrialTakenOver", "config_differences", "current_trial", "declare_app",
            "declared_grid",
            "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
-           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "trial_of_env",
+           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "study_constant",
+           "trial_of_env",
            "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
@@ -177,6 +178,24 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
         return handle.should_prune()
 
     return report
+
+
+def study_constant(trial: TrialIdentity, key: str, value: Any) -> Any:
+    """The value of ``key`` that every job of ``trial``'s study must share, such as the metric its task returns: the
+    first job to ask records its ``value`` (a study system attr ``vitsweep:<key>``) and gets it back; every later job
+    gets that recorded value, to refuse itself when its own differs. Under the sweeper's claim lock, so two first jobs
+    cannot both record theirs."""
+    from . import _storage as storage
+
+    opened = open_storage(trial.storage, existing=True)
+    study_id = opened.get_study_id_from_name(trial.study_name)
+    attr = f"vitsweep:{key}"
+    with storage.claim_lock(trial.storage, opened, study_id):
+        recorded = opened.get_study_system_attrs(study_id)
+        if attr in recorded:
+            return recorded[attr]
+        opened.set_study_system_attr(study_id, attr, value)
+    return value
 
 
 # ------------------------------------------------------------------------------------ what the app declares
