@@ -32,7 +32,7 @@ from src.records import RunRecorder
 from src.run_contract import objective_direction
 from src.run_state import RunState, Schedule
 from src.stop_rules import StopRules, steps_in_run
-from src.trial import current_trial
+from src.trial import current_trial, study_constant
 from src.validate import check_config, check_warmup_steps, resolve_objective, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,21 @@ def machine_name(device: torch.device) -> str:
     return name
 
 
+def check_study_objective(t: Mapping[str, Any], objective: str, run_dir: str | Path | None) -> None:
+    """In an Optuna trial: refuse an objective other than the one its study's first trial optimised (``auto`` is
+    val_error with a validation split, test_error without, so a study sweeping ``dataset.val_size`` through 0 would
+    rank, and prune, test errors against validation errors)."""
+    trial = current_trial(run_dir)
+    if trial is None:
+        return
+    study_objective = study_constant(trial, "objective_name", objective)
+    if study_objective != objective:
+        raise ValueError(f"trainer.objective={t.get('objective', 'auto')} is {objective} in this trial, but study "
+                         f"{trial.study_name!r} ranks its trials by {study_objective}: one study compares one metric "
+                         "(auto is val_error with dataset.val_size > 0, test_error without). Set trainer.objective="
+                         f"{study_objective} and give every trial a dataset.val_size that has that split")
+
+
 def _summary_info(cfg: Mapping[str, Any], data: DataSplits, flipped: torch.Tensor, params: int,
                   device: torch.device, precision: str, objective: str, chance: float,
                   run_dir: str | Path | None = None) -> dict[str, Any]:
@@ -226,6 +241,7 @@ def setup(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path | None) -> Ru
     optimizer = build_optimizer(model, cfg["optimizer"], device)
     train_loader, eval_loaders, clean = build_loaders(cfg, data, y_clean, flipped, device, channels_last)
     objective = resolve_objective(str(t.get("objective", "auto")), tuple(eval_loaders), data.num_classes == 2)
+    check_study_objective(t, objective, run_dir)
     steps_per_epoch = len(train_loader)
     schedule = Schedule(optimizer.param_groups[0]["base_lr"],
                         steps_in_run(t.get("max_epochs"), t.get("max_steps"), steps_per_epoch),

@@ -6,6 +6,12 @@
 turns it into ``report(value, epoch) -> prune?`` for the trainer.
 """
 
-from hydra_plugins.vitsweep_sweeper.protocol import Reporter, TrialIdentity, current_trial, make_reporter
+from hydra_plugins.vitsweep_sweeper.protocol import (
+                                                     Reporter,
+                                                     TrialIdentity,
+                                                     current_trial,
+                                                     make_reporter,
+                                                     study_constant,
+)
 
-__all__ = ["Reporter", "TrialIdentity", "current_trial", "make_reporter"]
+__all__ = ["Reporter", "TrialIdentity", "current_trial", "make_reporter", "study_constant"]

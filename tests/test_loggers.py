@@ -207,7 +207,11 @@ def test_a_retried_trial_renames_the_mlflow_run_it_continues_and_records_how_it_
     cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "scheduler=constant", "trainer.max_epochs=3",
                    "trainer.checkpoint=true", "trainer.checkpoint_every=1")
     run_dir = tmp_path / "5"
-    env = {"VITSWEEP_TRIAL_STUDY": "s", "VITSWEEP_TRIAL_STORAGE": "sqlite:///unused.db"}
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"  # a trial's job records its objective in its study
+    optuna.create_study(study_name="s", storage=storage)
+    env = {"VITSWEEP_TRIAL_STUDY": "s", "VITSWEEP_TRIAL_STORAGE": storage}
     for k, v in {**env, "VITSWEEP_TRIAL_NUMBER": "5"}.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(KeyboardInterrupt):

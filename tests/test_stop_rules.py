@@ -104,7 +104,11 @@ def test_clean_label_error_differs_with_label_noise(tiny_cfg, tmp_path):
 
 def test_a_trial_tuned_on_the_test_split_says_so_once(tiny_cfg, tmp_path, caplog, monkeypatch):
     # the vitsweep sweeper hands a job its trial through the environment (hydra.job.env_set)
-    for var, value in zip(ENV.values(), ("s", "0", "sqlite:///unused.db"), strict=True):
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/optuna.db"  # a trial's job records its objective in its study
+    optuna.create_study(study_name="s", storage=url).ask()
+    for var, value in zip(ENV.values(), ("s", "0", url), strict=True):
         monkeypatch.setenv(var, value)
     train(tiny_cfg("trainer.max_epochs=2"), tmp_path)
     assert caplog.text.count("tuned on the TEST split") == 1

@@ -75,6 +75,8 @@ def test_a_killed_workers_trial_resumes_from_its_checkpoint_and_matches_an_unint
     got, want = rows(run_dir), rows(ref)
     assert [r["epoch"] for r in got] == list(range(1, 31))  # no row lost or repeated across the kill
     assert got == want
+    # the pruner saw the point's whole history (the final epoch, a stopping run's, is reported to none)
+    assert sorted(retry.intermediate_values) == list(range(1, 30))
 
 
 def test_a_sweep_stopped_by_sigterm_twice_still_finishes_its_point_with_the_same_command(tmp_path):

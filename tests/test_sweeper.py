@@ -1,5 +1,6 @@
 """The vitsweep Hydra sweeper, end to end through tests/sweeper_app (a tiny Hydra task)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -552,31 +553,69 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_optuna_dashboard_lists_the_study_with_intermediate_values(tmp_path):
-    pytest.importorskip("optuna_dashboard")
-    sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3")
+@contextlib.contextmanager
+def _dashboard(storage: str):
+    """The base URL of an optuna-dashboard server started on ``storage`` (its command-line argument), stopped after."""
     port = _free_port()
     exe = Path(sys.executable).with_name("optuna-dashboard")
-    server = subprocess.Popen([str(exe), f"sqlite:///{tmp_path}/optuna.db", "--host", "127.0.0.1",
-                               "--port", str(port), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen([str(exe), storage, "--host", "127.0.0.1", "--port", str(port), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):
             try:
-                studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
+                urllib.request.urlopen(f"{base}/api/studies", timeout=2)
                 break
             except OSError:
+                if server.poll() is not None:
+                    break
                 time.sleep(0.2)
         else:
-            pytest.fail("optuna-dashboard did not answer: " + server.stderr.read1().decode())
+            pytest.fail(f"optuna-dashboard {storage} did not answer: " + server.stderr.read1().decode())
+        if server.poll() is not None:
+            pytest.fail(f"optuna-dashboard {storage} exited: " + server.stderr.read().decode()[-2000:])
+        yield base
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_optuna_dashboard_lists_the_study_with_intermediate_values(tmp_path):
+    pytest.importorskip("optuna_dashboard")
+    sweep(tmp_path, "x=interval(-1,1)", "hydra.sweeper.n_trials=3")
+    with _dashboard(f"sqlite:///{tmp_path}/optuna.db") as base:
+        studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
         (summary,) = [s for s in studies["study_summaries"] if s["study_name"] == "app"]
         detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{summary['study_id']}", timeout=10))
         assert len(detail["trials"]) == 3
         assert all(len(t["intermediate_values"]) == 3 for t in detail["trials"])
         assert all(any(a["key"] == "run_dir" for a in t["user_attrs"]) for t in detail["trials"])
-    finally:
-        server.terminate()
-        server.wait()
+
+
+def test_the_documented_dashboard_command_opens_a_journal_file_study(tmp_path):
+    """Review 2026-11-30: docs/sweeper.md showed the dashboard for a SQLite study only, and the sweeper's journal URL
+    (`journal:///abs/path.log`, as `hydra.sweeper.storage` and each summary's `study_storage` hold it) given to
+    optuna-dashboard exited with SQLAlchemy's "Can't load plugin: sqlalchemy.dialects:journal". The docs' journal
+    line, its placeholder path replaced by a real study's, opens that study."""
+    import re
+    import shlex
+
+    pytest.importorskip("optuna_dashboard")
+    from hydra_plugins.vitsweep_sweeper.protocol import open_storage
+
+    text = (ROOT / "docs" / "sweeper.md").read_text()
+    block = re.search(r"Open any study in the dashboard.*?```bash\n(.*?)```", text, re.S).group(1)
+    documented = [line for line in block.splitlines() if line.startswith("optuna-dashboard") and "journal" in line]
+    assert documented, "docs/sweeper.md shows no optuna-dashboard command for a journal-file study:\n" + block
+    (placeholder,) = re.findall(r"journal://(/\S+\.log)", documented[0])  # the URL the comment names
+    log_file = tmp_path / "optuna.log"
+    url = f"journal://{log_file}"
+    optuna.create_study(study_name="journal-study", storage=open_storage(url)).optimize(
+        lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    arg = shlex.split(documented[0], comments=True)[1].replace(placeholder, str(log_file))
+    with _dashboard(arg) as base:
+        studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
+        assert [s["study_name"] for s in studies["study_summaries"]] == ["journal-study"]
 
 
 SHRINK = ["dataset=digits", "dataset.n_train=200", "dataset.val_size=0", "trainer.max_epochs=1",

@@ -126,3 +126,61 @@ def test_a_sampled_objective_is_refused_before_any_trial(tmp_path):
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "trainer.objective is sampled" in proc.stderr, proc.stderr[-2000:]
     assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]  # no trial ran
+
+
+def _pruned_study(tmp_path, pruner: dict):
+    """A SQLite study with the sweeper's stored pruner and one completed trial reporting 0.5, 0.4, 0.2 at epochs
+    1, 2, 3."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper import _study as studies
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="s", storage=url)
+    studies.study_storage(study).set_study_system_attr(studies.study_id(study), studies.PRUNER_ATTR, pruner)
+    done = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    for epoch, value in {1: 0.5, 2: 0.4, 3: 0.2}.items():
+        done.report(value, epoch)
+    study.tell(done, 0.2)
+    return study, url
+
+
+MEDIAN = {"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1, "n_warmup_steps": 0, "interval_steps": 1,
+          "n_min_trials": 1}
+
+
+def test_a_retried_trial_keeps_its_points_history_so_the_pruner_judges_it_as_an_uninterrupted_one(tmp_path):
+    """Review 2026-11-30: a retried trial (its worker died, or the sweep was stopped) is a new Optuna trial, and the
+    trainer resumed from its checkpoint reports only the epochs after it, so the retry's intermediate history started
+    at the resumed epoch. The median pruner compares a trial's best intermediate value so far with the completed
+    trials' median at this epoch: the point whose val_error was 0.1 at epoch 1 and 0.25 at epoch 3 (median 0.2) is
+    kept uninterrupted but was pruned when resumed from its epoch-2 checkpoint, and a `n_warmup_steps` warm-up
+    started over. The retry carries its original's intermediate values (and pruner rungs); a resumed run's report of
+    an epoch already recorded changes nothing and is not a prune."""
+    import warnings
+
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper import _liveness as liveness
+    from hydra_plugins.vitsweep_sweeper import _study as studies
+    from hydra_plugins.vitsweep_sweeper.protocol import TrialIdentity, make_reporter
+
+    study, url = _pruned_study(tmp_path, MEDIAN)
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    original = study.ask(space)
+    report = make_reporter(TrialIdentity("s", original.number, url))
+    assert not report(0.1, 1) and not report(0.15, 2)
+    studies.study_storage(study).set_trial_system_attr(studies.trial_id(original), "completed_rung_0", 0.1)
+    liveness.fail_and_retry(study, studies.study_storage(study).get_trial(studies.trial_id(original)), "killed", 1)
+    retry = study.ask()
+    assert retry.user_attrs["retry_of"] == original.number
+    frozen = studies.study_storage(study).get_trial(studies.trial_id(retry))
+    assert frozen.intermediate_values == {1: 0.1, 2: 0.15}
+    assert frozen.system_attrs["completed_rung_0"] == 0.1
+    resumed = make_reporter(TrialIdentity("s", retry.number, url))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna warns on a step reported twice
+        assert not resumed(0.3, 2)  # a resumed run reporting an epoch its original recorded: kept as recorded
+    assert not resumed(0.25, 3), "pruned on the resumed part of its history only"
+    assert studies.study_storage(study).get_trial(studies.trial_id(retry)).intermediate_values == {
+        1: 0.1, 2: 0.15, 3: 0.25}

@@ -206,3 +206,28 @@ def test_recomputed_batchnorm_statistics_weight_each_image_once_whatever_the_eva
         assert model[0].momentum == 0.1  # the module's own momentum is back for training
     assert torch.allclose(stats[0], x.mean(0), atol=1e-5) and torch.allclose(stats[1], x.mean(0), atol=1e-5)
     assert torch.allclose(stats[2], x.mean(0), atol=1e-5)
+
+
+def test_a_trial_whose_objective_resolves_to_another_metric_than_its_studys_is_refused(tiny_cfg, tmp_path, monkeypatch):
+    """Review 2026-11-30: `trainer.objective=auto` is val_error with a validation split and test_error without, so a
+    study sweeping `dataset.val_size=choice(0,100)` ranked (and pruned) one trial's test error against another's
+    validation error, with a warning in one job's log only. The study's first trial fixes the metric; a trial that
+    resolves to another is refused before any training, naming the keys."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper.protocol import ENV
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="mixed", storage=url)
+    for number, val_size in enumerate((100, 0)):
+        trial = study.ask()
+        monkeypatch.setenv(ENV["study_name"], "mixed")
+        monkeypatch.setenv(ENV["number"], str(trial.number))
+        monkeypatch.setenv(ENV["storage"], url)
+        run = tmp_path / str(number)
+        if val_size:
+            assert train(tiny_cfg(f"dataset.val_size={val_size}"), run)["objective_name"] == "val_error"
+            continue
+        with pytest.raises(ValueError, match=r"trainer.objective=auto.*test_error.*val_error.*dataset.val_size"):
+            train(tiny_cfg(f"dataset.val_size={val_size}"), run)
+        assert not (run / "metrics.jsonl").exists()

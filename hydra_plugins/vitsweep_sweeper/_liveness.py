@@ -175,12 +175,21 @@ def enqueue_lost_retries(study: optuna.Study) -> list[str]:
     return lines
 
 
+# trial system attrs of Optuna's SuccessiveHalvingPruner (and Hyperband's): the value a trial reached each rung with
+PRUNER_RUNG_PREFIX = "completed_rung_"
+
+
 def _enqueue_retry(study: optuna.Study, t: FrozenTrial, retries: int) -> int:
-    """Enqueue `t`'s parameters as a WAITING trial that names `t` (`retry_of`) and runs in its run dir."""
+    """Enqueue `t`'s parameters as a WAITING trial that names `t` (`retry_of`) and runs in its run dir. It carries
+    `t`'s intermediate values and pruner rungs: its run resumes from `t`'s checkpoint and reports only the epochs after
+    it, so a retry that started its history over was judged by the pruner on those alone (the median pruner compares
+    the best value so far; a successive-halving rung took a late epoch's value) and its warm-up started over."""
     storage = study_storage(study)
+    rungs = {k: v for k, v in t.system_attrs.items() if k.startswith(PRUNER_RUNG_PREFIX)}
     template = create_trial(
         state=TrialState.WAITING,
-        system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number)},
+        system_attrs={"fixed_params": params_of(t), JOB_ATTR: t.system_attrs.get(JOB_ATTR, t.number), **rungs},
         user_attrs={"retry_of": t.number, "retries": retries},
+        intermediate_values=dict(t.intermediate_values),
     )
     return storage.get_trial_number_from_id(storage.create_new_trial(study_id(study), template_trial=template))

@@ -12,7 +12,8 @@ from typing import Any
 __all__ = ["ENV", "Reporter", "TrialIdentity", "TrialTakenOver", "config_differences", "current_trial", "declare_app",
            "declared_grid",
            "env_overrides", "file_lock", "flatten_config", "implied_direction", "job_exception", "make_reporter",
-           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "trial_of_env",
+           "open_existing_storage", "open_storage", "runtime_keys", "stacker", "storage_file", "study_constant",
+           "trial_of_env",
            "trial_of_hydra", "trial_of_run_dir"]
 
 ENV = {"study_name": "VITSWEEP_TRIAL_STUDY", "number": "VITSWEEP_TRIAL_NUMBER", "storage": "VITSWEEP_TRIAL_STORAGE"}
@@ -155,9 +156,15 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
                               pruner=pruner_from_study(storage, study_id))
     if len(study.directions) > 1:
         return None  # Optuna prunes single-objective studies only
-    handle = optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+    handle = optuna.Trial(study, trial_id)
+    # a retry carries the epochs its original reported (the sweeper copies them): its run, resumed from a checkpoint,
+    # may report some of them again; they stay as recorded, and the pruner already let the point go on past them
+    recorded = set(storage.get_trial(trial_id).intermediate_values)
 
     def report(value: float, epoch: int) -> bool:
+        if int(epoch) in recorded:
+            return False
         if not math.isfinite(value):
             return False  # the trainer stops on a non-finite loss by itself
         from optuna.exceptions import UpdateFinishedTrialError
@@ -171,6 +178,24 @@ def make_reporter(trial: TrialIdentity | None) -> Reporter | None:
         return handle.should_prune()
 
     return report
+
+
+def study_constant(trial: TrialIdentity, key: str, value: Any) -> Any:
+    """The value of ``key`` that every job of ``trial``'s study must share, such as the metric its task returns: the
+    first job to ask records its ``value`` (a study system attr ``vitsweep:<key>``) and gets it back; every later job
+    gets that recorded value, to refuse itself when its own differs. Under the sweeper's claim lock, so two first jobs
+    cannot both record theirs."""
+    from . import _storage as storage
+
+    opened = open_storage(trial.storage, existing=True)
+    study_id = opened.get_study_id_from_name(trial.study_name)
+    attr = f"vitsweep:{key}"
+    with storage.claim_lock(trial.storage, opened, study_id):
+        recorded = opened.get_study_system_attrs(study_id)
+        if attr in recorded:
+            return recorded[attr]
+        opened.set_study_system_attr(study_id, attr, value)
+    return value
 
 
 # ------------------------------------------------------------------------------------ what the app declares
