@@ -39,6 +39,24 @@ def test_convergence_needs_the_whole_window_within_tol():
         [None, None, None, "converged"]  # at 6 the window opens at epoch 2, whose 0.5 is outside tol
 
 
+def test_a_run_that_converges_at_its_epoch_cap_records_the_convergence(tiny_cfg, tmp_path):
+    """Review 2026-11-30 (stop rules): the evaluation of the capped epoch met the convergence rule, yet the run
+    recorded ``max_epochs``, which the analysis reads as "reached the cap before converging" (``capped``), while the
+    same run under a higher cap, or stopped by a step limit on that epoch's last batch, records ``converged`` at the
+    same epoch with the same errors. Converging and being capped at one evaluation is converging."""
+    import pandas as pd
+
+    from analysis.load import result_flags
+
+    over = ("trainer.converge_epochs=2", "optimizer.lr=0", "trainer.stalled_margin=null", "dataset.n_train=100")
+    free = train(tiny_cfg("trainer.max_epochs=60", *over), tmp_path / "free")
+    at_cap = train(tiny_cfg("trainer.max_epochs=3", *over), tmp_path / "at_cap")
+    assert (free["stop_reason"], free["epochs"]) == ("converged", CONVERGENCE[(1, 2)])
+    assert (at_cap["stop_reason"], at_cap["status"], at_cap["epochs"]) == ("converged", "completed", 3)
+    assert at_cap["train_error"] == free["train_error"] and at_cap["test_error"] == free["test_error"]
+    assert not result_flags(pd.DataFrame([{**at_cap, "trainer.converge_epochs": 2}]))["capped"].any()
+
+
 def test_max_wall_alone_is_a_stop_rule(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("trainer.max_epochs=null", "trainer.max_wall_s=1", "scheduler=constant"), tmp_path)
     assert summary["stop_reason"] == "max_wall" and summary["status"] == "stopped" and summary["wall_s"] >= 1
