@@ -57,6 +57,21 @@ def test_a_run_that_converges_at_its_epoch_cap_records_the_convergence(tiny_cfg,
     assert not result_flags(pd.DataFrame([{**at_cap, "trainer.converge_epochs": 2}]))["capped"].any()
 
 
+@pytest.mark.parametrize("limit, reason", [("trainer.max_epochs=5", "max_epochs"),
+                                           ("trainer.max_steps=10", "max_steps")])  # 2 steps an epoch
+def test_a_stops_off_grid_evaluation_does_not_make_the_run_converge(tiny_cfg, tmp_path, limit, reason):
+    """Review 2026-11-30 (stop rules): a stop at epoch 5 under eval_every=2 makes an evaluation there that an
+    uninterrupted run never makes; with the one at epoch 2 it spans converge_epochs (3), so the rule fired on it and
+    the run recorded ``converged`` at 5 (final: never extended), where the uninterrupted run converges at 6."""
+    over = ["trainer.converge_epochs=3", "trainer.eval_every=2", "optimizer.lr=0", "trainer.stalled_margin=null",
+            "dataset.n_train=100", "scheduler=constant"]
+    free = train(tiny_cfg(*over, "trainer.max_epochs=60"), tmp_path / "free")
+    assert (free["stop_reason"], free["epochs"]) == ("converged", CONVERGENCE[(2, 3)])
+    cut = train(tiny_cfg(*over, limit if reason == "max_epochs" else "trainer.max_epochs=60",
+                         *([limit] if reason == "max_steps" else [])), tmp_path / "cut")
+    assert (cut["stop_reason"], cut["epochs"]) == (reason, 5)
+
+
 def test_max_wall_alone_is_a_stop_rule(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("trainer.max_epochs=null", "trainer.max_wall_s=1", "scheduler=constant"), tmp_path)
     assert summary["stop_reason"] == "max_wall" and summary["status"] == "stopped" and summary["wall_s"] >= 1
