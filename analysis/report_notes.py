@@ -86,9 +86,15 @@ def _flag_notes(runs: pd.DataFrame, paths: list[str]) -> list[str]:
     stalled = runs["stalled"].fillna(False).astype(bool) if "stalled" in runs else pd.Series(False, runs.index)
     if stalled.any():
         collapsed = int(runs["collapsed"].fillna(False).astype(bool).sum()) if "collapsed" in runs else 0
-        lines.append(f"- {int(stalled.sum())} stalled runs (train error at or near chance at the end"
-                     + (f"; {collapsed} of them collapsed there from a far lower one they had reached" if collapsed
-                        else "") + "): results, kept in every table and curve and counted in their `stalled` column.")
+        # the margin each was flagged under (analysis.load.result_flags: a null or missing key is the default)
+        raw = runs["trainer.stalled_margin"] if "trainer.stalled_margin" in runs else pd.Series(None, runs.index)
+        margins = sorted(set(pd.to_numeric(raw[stalled], errors="coerce").fillna(contract.STALLED_MARGIN)))
+        lines.append(f"- {int(stalled.sum())} stalled runs (train error at the end within "
+                     f"{' / '.join(f'{m:g}' for m in margins)} of chance, the error of always predicting the "
+                     "commonest training label"
+                     + (f"; or collapsed, {collapsed} of them: ended {contract.COLLAPSE_RISE} or more above the "
+                        "lowest train error they had reached" if collapsed else "")
+                     + "): results, kept in every table and curve and counted in their `stalled` column.")
     spiked = runs["ended_in_spike"].fillna(False).astype(bool) if "ended_in_spike" in runs else None
     if spiked is not None and spiked.any():
         n = int(spiked.sum())

@@ -179,8 +179,12 @@ def close_epoch(state: RunState, reason: str | None, images: int, started: float
     if state.rules.should_evaluate(state.epoch, reason is not None):  # no pruning or convergence once stopping
         later = record_evaluation(state, images, epoch_time, reporter if reason is None else None, pbar,
                                   final=reason is not None)
-        if later and state.epoch_done and reason in STEP_RULES:
-            return later  # a whole epoch whose evaluation ends the run stops it as an uninterrupted run does
+        due = state.rules.should_evaluate(state.epoch, False)  # an evaluation an uninterrupted run makes too
+        if later and state.epoch_done and due and reason in (*STEP_RULES, "max_epochs"):
+            # a whole epoch whose evaluation ends the run stops it as an uninterrupted run does: converging at the
+            # cap's evaluation is converging, not "capped before converging" (analysis.load's ``capped``); an
+            # evaluation only the stop made (off the eval_every grid) converges nothing
+            return later
         reason = reason or later
     return reason
 

@@ -118,9 +118,10 @@ def resume(cfg: dict[str, Any], run_dir: Path, found: Iterable[tuple[Path, dict]
 
 def already_stopped(state: RunState) -> bool:
     """True when ``state`` resumed from a run's final checkpoint and no stop limit was raised since, or when one was
-    but that checkpoint's final evaluation, one an uninterrupted run makes too, converged or stalled: the epoch cap
-    kept its reason (``max_epochs``), but a run with a higher cap stops there, so its ``stop_reason`` becomes that
-    one (the run trained on an epoch past it: found 2026-11-29)."""
+    but that checkpoint's final evaluation, one an uninterrupted run makes too, converged or stalled: a run with a
+    higher cap stops there, so its ``stop_reason`` becomes that one (the run trained on an epoch past it: found
+    2026-11-29). Since 2026-11-30 such a run records the convergence itself (``src.loop.close_epoch``); checkpoints
+    written before then kept the cap's reason (``max_epochs``) and are relabelled here."""
     if state.rules.still_stops(state.stop_reason, state.epoch, state.step, state.wall_before):
         return True
     final = state.before_final

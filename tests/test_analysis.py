@@ -1382,3 +1382,20 @@ def test_summary_table_warns_when_a_row_pools_two_recipes_whose_seeds_do_not_ove
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         summary_table(runs, ["model.dim", "label_noise.p", "optimizer.lr"])  # kept apart: nothing to say
+
+
+def test_the_reports_note_on_stalled_runs_states_the_thresholds_that_flagged_them():
+    """Review 2026-11-30 (stop rules): the sweep report counted "stalled runs (train error at or near chance at the
+    end ...)" and "collapsed there from a far lower one" without the numbers behind either flag, while its note on
+    loss spikes states its own; a reader could not tell a run at chance from one that learned a little. The note
+    names the stall margin the runs were flagged under and the collapse rise."""
+    from analysis.report_notes import _flag_notes
+    from src.run_contract import COLLAPSE_RISE
+
+    runs = pd.DataFrame({"stalled": [True, True, False], "collapsed": [True, False, False],
+                         "trainer.stalled_margin": [0.02, 0.02, 0.02], "run_dir": ["a", "b", "c"]})
+    (line,) = [x for x in _flag_notes(runs, []) if "stalled runs" in x]
+    assert "within 0.02 of" in line and f"{COLLAPSE_RISE} or more above" in line
+    default = runs.drop(columns="trainer.stalled_margin")  # runs that predate the key: the trainer's default
+    (line,) = [x for x in _flag_notes(default, []) if "stalled runs" in x]
+    assert "within 0.01 of" in line

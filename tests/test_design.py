@@ -321,6 +321,30 @@ def test_the_test_refuses_a_run_given_twice_and_runs_outside_the_declared_grid(t
         design.peak_tests(load_runs(a, optuna_state=False), pilot_sd=0.015, effect=0.05)
 
 
+def test_a_fixed_budget_arm_takes_a_convergence_arm_run_that_converged_at_the_budget_epoch(tmp_path):
+    """Review 2026-11-30 (stop rules): a run whose convergence rule fired at the evaluation of its capped epoch
+    records ``converged`` (tests/test_stop_rules.py); it trained the whole budget, so it is the fixed arm's run of
+    its (width, seed) like one that recorded ``max_epochs`` there. One that converged before the cap is not."""
+    conv, fixed = tmp_path / "conv", tmp_path / "fixed"
+    for s in range(2):
+        for w in WIDTHS:
+            train, test = curve(w, 8)
+            cfg = cnn_config(s, w, 0.05, 8192)
+            reason, epochs = ("converged", 300) if (w, s) == (4, 1) else ("converged", 120) if w >= 8 else \
+                ("max_epochs", 300)
+            summary = {"status": "completed", "stop_reason": reason, "epochs": epochs, "train_error": train,
+                       "test_error": test}
+            write_run(conv, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": 20}}, summary)
+            if w >= 8:
+                write_run(fixed, s * 100 + w, {**cfg, "trainer": {"max_epochs": 300, "converge_epochs": None}},
+                          {**summary, "stop_reason": "max_epochs", "epochs": 300})
+    both = design.with_capped(load_runs(fixed, optuna_state=False), load_runs(conv, optuna_state=False))
+    taken = both[both["run_dir"].str.contains("conv")]
+    at_budget = taken[(taken["model.width"] == 4) & (taken["seed"] == 1)]
+    assert (at_budget["status"] == "completed").all() and at_budget["test_error"].notna().all()
+    assert (taken["status"] == "completed").all() and set(taken["model.width"]) == {1, 2, 3, 4, 6}
+
+
 def test_a_fixed_budget_arm_takes_the_convergence_arms_capped_runs_for_the_pairs_it_did_not_train(tmp_path):
     """double_descent_cnn's fixed-budget arm trains only what the convergence rule ended early: a run that reached
     the same cap under that rule is the fixed arm's run of its (width, seed) (tests/test_stop_rules.py)."""

@@ -39,6 +39,39 @@ def test_convergence_needs_the_whole_window_within_tol():
         [None, None, None, "converged"]  # at 6 the window opens at epoch 2, whose 0.5 is outside tol
 
 
+def test_a_run_that_converges_at_its_epoch_cap_records_the_convergence(tiny_cfg, tmp_path):
+    """Review 2026-11-30 (stop rules): the evaluation of the capped epoch met the convergence rule, yet the run
+    recorded ``max_epochs``, which the analysis reads as "reached the cap before converging" (``capped``), while the
+    same run under a higher cap, or stopped by a step limit on that epoch's last batch, records ``converged`` at the
+    same epoch with the same errors. Converging and being capped at one evaluation is converging."""
+    import pandas as pd
+
+    from analysis.load import result_flags
+
+    over = ("trainer.converge_epochs=2", "optimizer.lr=0", "trainer.stalled_margin=null", "dataset.n_train=100")
+    free = train(tiny_cfg("trainer.max_epochs=60", *over), tmp_path / "free")
+    at_cap = train(tiny_cfg("trainer.max_epochs=3", *over), tmp_path / "at_cap")
+    assert (free["stop_reason"], free["epochs"]) == ("converged", CONVERGENCE[(1, 2)])
+    assert (at_cap["stop_reason"], at_cap["status"], at_cap["epochs"]) == ("converged", "completed", 3)
+    assert at_cap["train_error"] == free["train_error"] and at_cap["test_error"] == free["test_error"]
+    assert not result_flags(pd.DataFrame([{**at_cap, "trainer.converge_epochs": 2}]))["capped"].any()
+
+
+@pytest.mark.parametrize("limit, reason", [("trainer.max_epochs=5", "max_epochs"),
+                                           ("trainer.max_steps=10", "max_steps")])  # 2 steps an epoch
+def test_a_stops_off_grid_evaluation_does_not_make_the_run_converge(tiny_cfg, tmp_path, limit, reason):
+    """Review 2026-11-30 (stop rules): a stop at epoch 5 under eval_every=2 makes an evaluation there that an
+    uninterrupted run never makes; with the one at epoch 2 it spans converge_epochs (3), so the rule fired on it and
+    the run recorded ``converged`` at 5 (final: never extended), where the uninterrupted run converges at 6."""
+    over = ["trainer.converge_epochs=3", "trainer.eval_every=2", "optimizer.lr=0", "trainer.stalled_margin=null",
+            "dataset.n_train=100", "scheduler=constant"]
+    free = train(tiny_cfg(*over, "trainer.max_epochs=60"), tmp_path / "free")
+    assert (free["stop_reason"], free["epochs"]) == ("converged", CONVERGENCE[(2, 3)])
+    cut = train(tiny_cfg(*over, limit if reason == "max_epochs" else "trainer.max_epochs=60",
+                         *([limit] if reason == "max_steps" else [])), tmp_path / "cut")
+    assert (cut["stop_reason"], cut["epochs"]) == (reason, 5)
+
+
 def test_max_wall_alone_is_a_stop_rule(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("trainer.max_epochs=null", "trainer.max_wall_s=1", "scheduler=constant"), tmp_path)
     assert summary["stop_reason"] == "max_wall" and summary["status"] == "stopped" and summary["wall_s"] >= 1

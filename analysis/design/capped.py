@@ -26,10 +26,11 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
 
     A stop rule that never fired did not change the training (bitwise: ``tests/test_stop_rules.py``), so a run that
     reached the cap under the convergence rule is the fixed-budget run of that cap, and the fixed arm's own sweep
-    need train only what the rule ended early. Taken: completed runs stopped by ``max_epochs`` at the same
-    ``trainer.max_epochs`` as ``main``'s, in one of ``main``'s curves (the curve keys but the stop rule's); they
-    join ``main``'s curve (``trainer.converge_epochs`` set to its value). A pair ``main`` holds keeps ``main``'s run,
-    and a pair its study declared and has not trained yet stays missing (its sweep will train it).
+    need train only what the rule ended early. Taken: completed runs that trained the whole ``trainer.max_epochs`` of
+    ``main``'s (stopped by it, or by the rule at the cap's own evaluation: ``_ran_to``), in one of ``main``'s curves
+    (the curve keys but the stop rule's); they join ``main``'s curve (``trainer.converge_epochs`` set to its value).
+    A pair ``main`` holds keeps ``main``'s run, and a pair its study declared and has not trained yet stays missing
+    (its sweep will train it).
     The other runs of ``capped`` at pairs ``main`` lacks join too, as not finished (a run the rule ended early gets
     status ``ended early``), so ``unfinished`` counts them until the fixed arm's sweep trains them. Every config key
     that ``main`` holds at one value must have that value in ``capped`` (runtime and stop-rule keys aside): another
@@ -106,13 +107,15 @@ def with_capped(main: pd.DataFrame, capped: pd.DataFrame, width: str | None = No
 
 
 def _ran_to(df: pd.DataFrame, budget) -> pd.Series:
-    """Runs that completed the whole epoch budget: stopped by ``max_epochs`` at ``budget`` epochs (not by a
-    convergence rule, ``max_steps`` or ``max_wall_s``)."""
-    ok = ((df["status"] == "completed") & (df.get("stop_reason") == "max_epochs")
-          & (pd.to_numeric(df.get("trainer.max_epochs"), errors="coerce") == budget))
-    if "epochs" in df:
-        ok &= pd.to_numeric(df["epochs"], errors="coerce") == budget
-    return ok
+    """Runs that completed the whole epoch budget: stopped at ``budget`` epochs by ``max_epochs``, or by a convergence
+    rule that fired at that cap's evaluation (the run records ``converged`` or ``stalled`` there, having trained every
+    epoch of the budget); not by a convergence rule before the cap, ``max_steps`` or ``max_wall_s``."""
+    reason = df["stop_reason"] if "stop_reason" in df else pd.Series(None, index=df.index, dtype=object)
+    ok = (df["status"] == "completed") & (pd.to_numeric(df.get("trainer.max_epochs"), errors="coerce") == budget)
+    if "epochs" not in df:  # no epoch count: only the cap's own reason says the run trained the whole budget
+        return ok & (reason == "max_epochs")
+    return ok & reason.isin(["max_epochs", "converged", "stalled"]) & (pd.to_numeric(df["epochs"], errors="coerce")
+                                                                       == budget)
 
 
 NOT_SET = "(not set)"  # a config key a run's config does not hold
