@@ -369,3 +369,74 @@ def test_a_pool_whose_worker_a_job_killed_is_not_reused(tmp_path):
         assert second.submit(sum, [1, 2]).result(timeout=60) == 3
     finally:
         second.shutdown()
+
+
+STACK_APP = '''import logging
+import os
+
+import hydra
+
+from hydra_plugins.vitsweep_sweeper import protocol
+
+protocol.declare_app(stacker="fakestack")
+
+
+@hydra.main(version_base="1.3", config_path=None)
+def main(cfg):
+    logging.getLogger("app").info("single job x=%s", cfg.x)
+    return os.environ.get("MY_FLAG", "unset")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+FAKE_STACKER = '''import logging
+import os
+
+log = logging.getLogger("fakestack")
+
+
+def plan_groups(cfgs, max_members, strict):
+    return [list(range(len(cfgs)))]
+
+
+def train_stacked(cfgs, run_dirs, reporters, sweep_dir=None):
+    for cfg in cfgs:
+        log.info("member x=%s trains", cfg.x)
+    return [os.environ.get("MY_FLAG", "unset") for _ in cfgs]
+'''
+
+
+def test_stacked_members_get_their_env_set_and_each_log_gets_the_groups_lines(tmp_path):
+    """A stacked group trains with its jobs' `hydra.job.env_set` exported (as run_job exports it around a single
+    job's task), and every member's job log gets the group's lines, under a header naming the group: before, the
+    group trained without the env_set and all its lines went to the last member's log, none to the others'."""
+    (tmp_path / "app.py").write_text(STACK_APP)
+    (tmp_path / "fakestack.py").write_text(FAKE_STACKER)
+    out = tmp_path / "out"
+    done = run([tmp_path / "app.py", "-m", "+x=1,2,3", *LAUNCH, "hydra.launcher.stack=always",
+                "+hydra.job.env_set.MY_FLAG=on", f"hydra.sweep.dir={out}"], cwd=tmp_path)
+    lines = [line for line in done.stdout.splitlines() if "(worker " in line]
+    assert len(lines) == 3 and all("returned 'on'" in line for line in lines), done.stdout[-3000:]
+    for k in range(3):
+        log = (out / str(k) / "app.log").read_text()
+        assert "stacked group of jobs [0, 1, 2]" in log, (k, log)
+        assert all(f"member x={x} trains" in log for x in (1, 2, 3)), (k, log)
+
+
+def test_jobs_whose_env_set_differ_are_not_stacked_together():
+    """A group trains under one environment: jobs whose `hydra.job.env_set` differ (the trial identity, which each
+    member reads from its own config, aside) train in different units, as each would alone."""
+    from omegaconf import OmegaConf, open_dict
+
+    from hydra_plugins.vitsweep_launcher.units import plan_units
+    from tests.conftest import compose_cfg
+
+    cfgs = []
+    for k, flag in enumerate(["a", "b", "a"]):
+        cfg = compose_cfg(["model=cnn", f"seed={k}"])
+        with open_dict(cfg):
+            cfg.hydra = OmegaConf.create({"job": {"env_set": {"MY_FLAG": flag, "VITSWEEP_TRIAL_NUMBER": str(k)}}})
+        cfgs.append(cfg)
+    assert plan_units(cfgs, "always", 16, "cpu", "src.stacked") == [[0, 2], [1]]

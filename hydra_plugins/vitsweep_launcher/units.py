@@ -22,7 +22,22 @@ def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: 
     if stacker is None or not stacks(stack, max_members, device, len(configs)):
         return [[i] for i in range(len(configs))]
     plan_groups = importlib.import_module(stacker).plan_groups
-    return plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
+    groups = plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
+    return _apart_by_env(groups, configs)
+
+
+def _apart_by_env(groups: list[list[int]], configs: list[DictConfig]) -> list[list[int]]:
+    """Each group cut into jobs whose ``hydra.job.env_set`` agree (the trial identity aside): a group trains under one
+    environment (``members.group_env``), and a single job under its own env_set."""
+    from .members import group_env
+
+    out: list[list[int]] = []
+    for group in groups:
+        parts: dict[str, list[int]] = {}
+        for i in group:
+            parts.setdefault(repr(sorted(group_env([configs[i]]).items())), []).append(i)
+        out += parts.values()
+    return sorted(out, key=lambda unit: unit[0])
 
 
 def _task_cfg(cfg: DictConfig) -> dict:
