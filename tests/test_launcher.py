@@ -440,3 +440,19 @@ def test_jobs_whose_env_set_differ_are_not_stacked_together():
             cfg.hydra = OmegaConf.create({"job": {"env_set": {"MY_FLAG": flag, "VITSWEEP_TRIAL_NUMBER": str(k)}}})
         cfgs.append(cfg)
     assert plan_units(cfgs, "always", 16, "cpu", "src.stacked") == [[0, 2], [1]]
+
+
+def test_a_stacked_group_that_kills_its_worker_twice_runs_each_job_alone(tmp_path):
+    """A group whose process dies twice (the kernel's OOM killer, a crash in the stacked step) runs each of its jobs
+    alone, as a lost single job does, so only a job that kills its worker by itself fails: before, the group ran
+    again as a group and every member failed with 'worker process died'."""
+    (tmp_path / "app.py").write_text(STACK_APP.replace('    logging.getLogger("app")', '    if cfg.x == 2:\n'
+                                                       '        os._exit(3)\n    logging.getLogger("app")'))
+    (tmp_path / "fakestack.py").write_text(FAKE_STACKER.replace("    for cfg in cfgs:", "    os._exit(3)\n"
+                                                                "    for cfg in cfgs:"))
+    done = run([tmp_path / "app.py", "-m", "+x=1,2,3", *LAUNCH, "hydra.launcher.stack=always",
+                f"hydra.sweep.dir={tmp_path / 'out'}"], cwd=tmp_path, check=False)
+    lines = sorted(line.split("] ", 2)[2] for line in done.stdout.splitlines() if "(worker " in line)
+    assert len(lines) == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert lines[0].startswith("#0 returned 'unset' ") and lines[2].startswith("#2 returned 'unset' "), lines
+    assert lines[1].startswith("#1 FAILED RuntimeError: worker process died"), lines

@@ -73,9 +73,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         _drop(launcher)
         broken = _run_pool(_pool(launcher, n_procs, threads, gpus, str(log_dir), pinned), broken, configs,
                            launcher.ended, threads=threads, stacker=stacker)
-    for unit in broken:  # lost twice: each again alone, so only the job that kills its worker fails
+    # lost twice: each job again alone (a stacked group's too), so only the job that kills its worker fails
+    for i in [i for unit in broken for i in unit]:
         _drop(launcher)
-        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir), pinned), [unit], configs, launcher.ended,
+        _run_pool(_pool(launcher, 1, threads, gpus, str(log_dir), pinned), [[i]], configs, launcher.ended,
                   final=True, threads=threads, stacker=stacker)
     launcher.ended = None
     return [results[num] for num in numbers]
