@@ -442,6 +442,26 @@ def test_jobs_whose_env_set_differ_are_not_stacked_together():
     assert plan_units(cfgs, "always", 16, "cpu", "src.stacked") == [[0, 2], [1]]
 
 
+def test_jobs_that_change_into_their_run_dir_are_not_stacked(caplog):
+    """A stacked group trains in its worker's cwd, where a single job under `hydra.job.chdir=true` trains in its run
+    dir: relative paths (`dataset.root=data`) would name other files, so such jobs run one by one, with a warning
+    where `stack=always` asked for groups."""
+    from omegaconf import OmegaConf, open_dict
+
+    from hydra_plugins.vitsweep_launcher.units import plan_units
+    from tests.conftest import compose_cfg
+
+    cfgs = []
+    for k in range(3):
+        cfg = compose_cfg(["model=cnn", f"seed={k}"])
+        with open_dict(cfg):
+            cfg.hydra = OmegaConf.create({"job": {"chdir": True}})
+        cfgs.append(cfg)
+    with caplog.at_level("WARNING"):
+        assert plan_units(cfgs, "always", 16, "cpu", "src.stacked") == [[0], [1], [2]]
+    assert "hydra.job.chdir" in caplog.text
+
+
 def test_a_stacked_group_that_kills_its_worker_twice_runs_each_job_alone(tmp_path):
     """A group whose process dies twice (the kernel's OOM killer, a crash in the stacked step) runs each of its jobs
     alone, as a lost single job does, so only a job that kills its worker by itself fails: before, the group ran

@@ -3,8 +3,11 @@ groups that the app's stacker (``protocol.declare_app(stacker=...)``, its ``plan
 """
 
 import importlib
+import logging
 
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 def stacks(stack: str, max_members: int, device: str, n_jobs: int) -> bool:
@@ -20,6 +23,13 @@ def plan_units(configs: list[DictConfig], stack: str, max_members: int, device: 
         raise ValueError("hydra.launcher.stack=always: this app declares no stacked training "
                          "(hydra_plugins.vitsweep_sweeper.protocol.declare_app(stacker=...)); use stack=auto or never")
     if stacker is None or not stacks(stack, max_members, device, len(configs)):
+        return [[i] for i in range(len(configs))]
+    if any(OmegaConf.select(c, "hydra.job.chdir", default=False) for c in configs):
+        # a group trains in its worker's cwd, a single job in its run dir: relative paths would name other files
+        if stack == "always":
+            log.warning("hydra.launcher.stack=always: these jobs set hydra.job.chdir=true, and a stacked group trains "
+                        "in its worker's cwd, not in each job's run dir, so they run one by one; set "
+                        "hydra.job.chdir=false (the project's default) to stack them")
         return [[i] for i in range(len(configs))]
     plan_groups = importlib.import_module(stacker).plan_groups
     groups = plan_groups([_task_cfg(c) for c in configs], max_members, strict=stack == "always")
