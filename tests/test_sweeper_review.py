@@ -128,16 +128,24 @@ def test_a_sampled_objective_is_refused_before_any_trial(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]  # no trial ran
 
 
-def _pruned_study(tmp_path, pruner: dict):
-    """A SQLite study with the sweeper's stored pruner and one completed trial reporting 0.5, 0.4, 0.2 at epochs
-    1, 2, 3."""
+def _study_with_pruner(tmp_path, pruner: dict, name: str = "s"):
+    """An empty SQLite study with the sweeper's stored pruner."""
     import optuna
 
     from hydra_plugins.vitsweep_sweeper import _study as studies
 
     url = f"sqlite:///{tmp_path}/optuna.db"
-    study = optuna.create_study(study_name="s", storage=url)
+    study = optuna.create_study(study_name=name, storage=url)
     studies.study_storage(study).set_study_system_attr(studies.study_id(study), studies.PRUNER_ATTR, pruner)
+    return study, url
+
+
+def _pruned_study(tmp_path, pruner: dict):
+    """A SQLite study with the sweeper's stored pruner and one completed trial reporting 0.5, 0.4, 0.2 at epochs
+    1, 2, 3."""
+    import optuna
+
+    study, url = _study_with_pruner(tmp_path, pruner)
     done = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     for epoch, value in {1: 0.5, 2: 0.4, 3: 0.2}.items():
         done.report(value, epoch)
@@ -184,3 +192,72 @@ def test_a_retried_trial_keeps_its_points_history_so_the_pruner_judges_it_as_an_
     assert not resumed(0.25, 3), "pruned on the resumed part of its history only"
     assert studies.study_storage(study).get_trial(studies.trial_id(retry)).intermediate_values == {
         1: 0.1, 2: 0.15, 3: 0.25}
+
+
+def _killed_and_retried(study, trial):
+    """Fail `trial` as its worker's death does and claim its retry (a new trial, carrying its history)."""
+    from hydra_plugins.vitsweep_sweeper import _liveness as liveness
+    from hydra_plugins.vitsweep_sweeper import _study as studies
+
+    liveness.fail_and_retry(study, studies.study_storage(study).get_trial(studies.trial_id(trial)), "killed", 1)
+    retry = study.ask()
+    assert retry.user_attrs["retry_of"] == trial.number
+    return retry
+
+
+HYPERBAND = {"_target_": "optuna.pruners.HyperbandPruner", "min_resource": 1, "max_resource": 9, "reduction_factor": 3,
+             "bootstrap_count": 0}
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_a_retried_trial_is_judged_in_its_originals_hyperband_bracket(tmp_path, killed):
+    """Review 2026-11-30 (pruning): Hyperband picks a trial's bracket from its number, and a retry is a new trial with
+    another number, so it was judged on another bracket's schedule with its original's rungs. In study "hb" (brackets
+    0, 0, 2 for trials 0, 1, 2; rungs at epochs 1, 3, 9 in bracket 0 and at 9 only in bracket 2) the point that
+    reached epoch 3 with 0.3 behind the only other trial of its bracket (0.2) is pruned uninterrupted; killed at
+    epoch 2 and retried as trial 2 it was kept (its next rung was at epoch 27)."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper.protocol import TrialIdentity, make_reporter
+
+    study, url = _study_with_pruner(tmp_path, HYPERBAND, name="hb")
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    other = study.ask(space)
+    report = make_reporter(TrialIdentity("hb", other.number, url))
+    assert not report(0.5, 1) and not report(0.2, 3)
+    study.tell(other, 0.2)
+    point = study.ask(space)
+    report = make_reporter(TrialIdentity("hb", point.number, url))
+    assert not report(0.4, 1) and not report(0.35, 2)
+    if killed:
+        point = _killed_and_retried(study, point)
+        report = make_reporter(TrialIdentity("hb", point.number, url))
+    assert report(0.3, 3), "kept, judged on another bracket's schedule"
+
+
+@pytest.mark.parametrize("pruner", [
+    {"_target_": "optuna.pruners.SuccessiveHalvingPruner", "min_resource": 1, "reduction_factor": 2,
+     "min_early_stopping_rate": 0, "bootstrap_count": 0},
+    {"_target_": "optuna.pruners.HyperbandPruner", "min_resource": 1, "max_resource": 1, "reduction_factor": 2,
+     "bootstrap_count": 0},  # one bracket: successive halving at the same rungs
+], ids=["successive_halving", "hyperband"])
+@pytest.mark.parametrize("killed", [False, True])
+def test_a_retried_point_counts_once_in_its_successive_halving_rungs(tmp_path, pruner, killed):
+    """Review 2026-11-30 (pruning): successive halving ranks a trial against the rung values of every trial of the
+    study, failed ones included, and a retry copies its original's rungs, so a retried point counted twice. With rung 0
+    values 0.5 (the point) and 0.1, a trial reaching epoch 1 with 0.3 is pruned (the best half of 3 is the best one);
+    with the point retried it was kept (0.3 was in the best half of 0.1, 0.3, 0.5, 0.5)."""
+    import optuna
+
+    from hydra_plugins.vitsweep_sweeper.protocol import TrialIdentity, make_reporter
+
+    study, url = _study_with_pruner(tmp_path, pruner)
+    space = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    point = study.ask(space)
+    assert not make_reporter(TrialIdentity("s", point.number, url))(0.5, 1)
+    other = study.ask(space)
+    assert not make_reporter(TrialIdentity("s", other.number, url))(0.1, 1)
+    if killed:
+        _killed_and_retried(study, point)
+    judged = study.ask(space)
+    assert make_reporter(TrialIdentity("s", judged.number, url))(0.3, 1), "kept: the retried point counted twice"

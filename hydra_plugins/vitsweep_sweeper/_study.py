@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -116,11 +117,65 @@ class WarmupPruner(optuna.pruners.BasePruner):
         return self.pruner.prune(study, trial)
 
 
+def replaced(t: FrozenTrial) -> bool:
+    """True for a trial failed as interrupted whose retry stands for it (the retry carries its intermediate values and
+    pruner rungs): a retry that is due but not yet enqueued (see `_liveness.enqueue_lost_retries`) counts too."""
+    return t.state == TrialState.FAIL and RETRY_DUE_ATTR in t.system_attrs
+
+
+class _Unreplaced:
+    """``study`` as successive halving reads it (``get_trials``, ``direction``, ``_storage``), without the trials that a
+    retry replaced."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
+        return [t for t in self._study.get_trials(deepcopy=deepcopy, states=states) if not replaced(t)]
+
+
+class RetrySuccessiveHalvingPruner(optuna.pruners.SuccessiveHalvingPruner):
+    """Optuna's successive halving, where a retried point counts once. It ranks a trial against the rung values of
+    every trial of the study, failed ones included, and a retry copies its original's rungs: the point counted twice
+    (review 2026-11-30: a trial at 0.3 among rung values 0.1 and 0.5 was pruned uninterrupted, kept when the 0.5 point
+    had been retried). The original a retry replaced is left out."""
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return super().prune(_Unreplaced(study), trial)  # type: ignore[arg-type]
+
+
+class RetryHyperbandPruner(optuna.pruners.HyperbandPruner):
+    """Optuna's Hyperband, where a retry is judged in its original's bracket and a point counts once. Hyperband picks
+    a trial's bracket from a hash of its number, and a retry is a new trial: it was judged by another bracket's rung
+    schedule with its original's rungs (review 2026-11-30: a point behind its bracket's other trial at epoch 3 was
+    pruned uninterrupted, kept when retried into a bracket whose next rung was at epoch 27), and counted in that
+    bracket as well as (its original) in its own. A trial's bracket is taken from its Hydra job number (`JOB_ATTR`):
+    the trial's own number, which its retries keep; the original a retry replaced is in no bracket."""
+
+    def _get_bracket_id(self, study: optuna.Study, trial: FrozenTrial) -> int:
+        if replaced(trial):
+            return -1
+        first = trial.system_attrs.get(JOB_ATTR, trial.number)
+        return super()._get_bracket_id(study, SimpleNamespace(number=first))  # type: ignore[arg-type]
+
+
+# Optuna's pruners that read their rungs from other trials -> the same pruner aware of retries
+RETRY_AWARE = {"optuna.pruners.SuccessiveHalvingPruner": f"{__name__}.RetrySuccessiveHalvingPruner",
+               "optuna.pruners.HyperbandPruner": f"{__name__}.RetryHyperbandPruner"}
+
+
 def pruner_from_study(storage: optuna.storages.BaseStorage, study_id: int) -> optuna.pruners.BasePruner:
+    """The pruner a trial's reports are judged by: the study's stored config, successive halving and Hyperband made
+    aware of retries (`RETRY_AWARE`), `n_warmup_steps` counted in evaluations (`WarmupPruner`)."""
     cfg = storage.get_study_system_attrs(study_id).get(PRUNER_ATTR)
     if not cfg:
         return optuna.pruners.NopPruner()
     cfg = dict(cfg)
+    if cfg.get("_target_") in RETRY_AWARE:
+        cfg["_target_"] = RETRY_AWARE[cfg["_target_"]]
     warmup = int(cfg.get("n_warmup_steps") or 0)
     if warmup:
         cfg["n_warmup_steps"] = 0
