@@ -344,6 +344,23 @@ def test_the_configs_the_sweepers_check_composed_are_the_launchers_once_each():
     assert wrapper.take(master, ["x=3"]) is None and len(calls) == 3
 
 
+def test_the_configs_the_vitsweep_sweeper_composed_to_check_its_jobs_are_the_launchers_once_each():
+    """The vitsweep sweeper composes each job of a batch before its launch, to fail alone a trial whose config does
+    not compose (``_claim_loop.job_compose_error``): the launcher runs each job with that config, not a second one."""
+    import types
+
+    from hydra_plugins.vitsweep_launcher import _validated
+    from hydra_plugins.vitsweep_sweeper._claim_loop import job_compose_error
+
+    calls = []
+    loader = types.SimpleNamespace(load_sweep_config=lambda master, overrides: calls.append(overrides) or
+                                   {"job": list(overrides)})
+    wrapper = _validated.install(loader)
+    master = object()
+    assert job_compose_error(loader, master, ["x=1"]) is None
+    assert wrapper.take(master, ["x=1"]) == {"job": ["x=1"]} and calls == [["x=1"]]
+
+
 def _kill_own_worker() -> None:
     import os
 

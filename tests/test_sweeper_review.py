@@ -261,3 +261,35 @@ def test_a_retried_point_counts_once_in_its_successive_halving_rungs(tmp_path, p
         _killed_and_retried(study, point)
     judged = study.ask(space)
     assert make_reporter(TrialIdentity("s", judged.number, url))(0.3, 1), "kept: the retried point counted twice"
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=vectorized", "hydra.launcher.n_procs=2"]],
+                         ids=["basic", "vectorized"])
+def test_a_trial_whose_config_does_not_compose_fails_alone_and_the_rest_of_its_batch_runs(tmp_path, launcher):
+    """Review 2026-11-30 (pruning): a grid point whose overrides Hydra cannot compose (here a config group option that
+    does not exist) raised out of the basic and the vectorized launchers' launch, so the sweep stopped and left its
+    whole batch RUNNING; every later start retried the batch and stopped at the same job, so the points that compose
+    never ran and the trials' error said their worker had stopped answering. As under submitit, the job that does not
+    compose fails its trial with Hydra's error, before the launch; the rest of the batch runs (under the basic
+    launcher in runs of consecutive job numbers, each in its own run dir); the failure rate then ends the sweep,
+    naming the error, and a later start runs nothing again."""
+    conf = tmp_path / "conf" / "grp"
+    conf.mkdir(parents=True)
+    for name in ("a", "b"):
+        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
+    args = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+grp=choice(a,b,nope)", "x=choice(0,1)",
+            "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_jobs=6", *launcher]
+    for start in range(2):
+        proc = sweep(tmp_path, *args, check=False)
+        assert proc.returncode != 0 and "hydra.sweeper.max_failure_rate=0.0" in proc.stderr, proc.stderr[-3000:]
+        assert "Could not find 'grp/nope'" in proc.stderr
+        trials = load(tmp_path).trials
+        assert len(trials) == 6, f"start {start}: {[(t.number, t.state.name) for t in trials]}"
+        for t in trials:
+            if t.params["+grp"] == "nope":
+                assert t.state == TrialState.FAIL, (t.number, t.state)
+                assert "Could not find 'grp/nope'" in t.user_attrs["error"]
+                assert "does not compose" in t.user_attrs["error"]
+            else:
+                assert t.state == TrialState.COMPLETE, (t.number, t.state, t.user_attrs)
+                assert t.user_attrs["run_dir"] == str(tmp_path / str(t.number))

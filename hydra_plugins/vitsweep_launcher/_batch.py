@@ -141,7 +141,9 @@ class Ended:
 class JobConfigs:
     """The batch's job configs, each composed on first use and kept (Hydra's ``load_sweep_config`` takes
     about 0.2 s a job on a 2-core CPU: composed up front, 18 jobs kept both workers idle for 3.5 s), or taken from
-    the sweeper's check of the batch (``_validated``). Logs each job's overrides as it is first used."""
+    the sweeper's check of the batch (``_validated``: Hydra's sweepers and, since 2026-11-30, the vitsweep sweeper
+    compose every job before the launch, so under them the composing is up front). Logs each job's overrides as it
+    is first used."""
 
     def __init__(self, launcher: Any, numbers: list[int], job_overrides: Sequence[Sequence[str]]):
         self._launcher, self._numbers, self._overrides = launcher, numbers, job_overrides

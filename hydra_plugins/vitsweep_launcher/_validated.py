@@ -17,6 +17,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 KEEP = 1024  # configs kept at most (a larger batch composes the rest again, lazily, as before)
+# the checks whose configs are kept: Hydra's sweepers', and the vitsweep sweeper's (`_claim_loop.job_compose_error`)
+CHECKS = ("validate_batch_is_legal", "job_compose_error")
 
 
 class ValidatedConfigs:
@@ -28,7 +30,7 @@ class ValidatedConfigs:
 
     def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         cfg = self._load(master_config, sweep_overrides)
-        if sys._getframe(1).f_code.co_name == "validate_batch_is_legal" and len(self._kept) < KEEP:
+        if sys._getframe(1).f_code.co_name in CHECKS and len(self._kept) < KEEP:
             self._kept[tuple(sweep_overrides)] = (master_config, cfg)  # the check drops its result
         return cfg
 

@@ -62,26 +62,59 @@ class ClaimLoop:
                     continue
                 said_waiting = True  # it claimed trials: later waits are a sweep's ordinary tail
                 beat.trial_ids = [studies.trial_id(t) for t in trials]
-                told = Teller(self, study, dict(zip(jobs, trials, strict=True)), beat, progress, stop)
-                if numbered:
-                    self.launcher.job_numbers = jobs
-                if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
-                    self.launcher.on_job_done = told
                 try:
-                    with stop.armed():  # a SIGTERM noted while claiming hands these trials back, too
-                        returns = self.launcher.launch(overrides, initial_job_idx=jobs[0])
-                except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
+                    runs = self._composed_runs(study, trials, jobs, overrides, numbered)
+                except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C while the jobs are composed
                     self._hand_back(study, trials, e)
                     raise
-                finally:
+                beat.trial_ids = [studies.trial_id(t) for run in runs for t in run[0]]
+                for run_trials, run_jobs, run_overrides in runs:
+                    told = Teller(self, study, dict(zip(run_jobs, run_trials, strict=True)), beat, progress, stop)
                     if numbered:
-                        self.launcher.job_numbers = None
-                    if hasattr(self.launcher, "on_job_done"):
-                        self.launcher.on_job_done = None
-                for j, ret in zip(jobs, returns, strict=True):
-                    told(j, ret)  # what the launcher did not report as it went
-                told.raise_deferred()
+                        self.launcher.job_numbers = run_jobs
+                    if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
+                        self.launcher.on_job_done = told
+                    try:
+                        with stop.armed():  # a SIGTERM noted while claiming hands these trials back, too
+                            returns = self.launcher.launch(run_overrides, initial_job_idx=run_jobs[0])
+                    except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
+                        self._hand_back(study, trials, e)  # the batch's later runs too: RUNNING, not launched
+                        raise
+                    finally:
+                        if numbered:
+                            self.launcher.job_numbers = None
+                        if hasattr(self.launcher, "on_job_done"):
+                            self.launcher.on_job_done = None
+                    for j, ret in zip(run_jobs, returns, strict=True):
+                        told(j, ret)  # what the launcher did not report as it went
+                    told.raise_deferred()
                 beat.trial_ids = []
+
+    def _composed_runs(self, study: optuna.Study, trials: list[Trial], jobs: list[int], overrides: list[list[str]],
+                       numbered: bool) -> list[tuple[list[Trial], list[int], list[list[str]]]]:
+        """The claimed batch as launches, ``(trials, job numbers, overrides)``, without the jobs whose config Hydra
+        cannot compose: each of those fails its trial now with Hydra's error, and is not retried (it would fail the
+        same way). Hydra's basic and the vectorized launchers compose a batch's jobs inside ``launch`` and raise at
+        the first that does not compose, which stopped the sweep with the whole batch RUNNING: every later start
+        retried the batch and stopped at the same job (review 2026-11-30). A launcher that numbers a batch's jobs on
+        from the first gets the rest in runs of consecutive job numbers (each job keeps its run dir); the
+        submitit launcher composes each job itself and fails only that one (``_submitit``)."""
+        if isinstance(self.launcher, _submitit.SubmititBatches):
+            return [(trials, jobs, overrides)]
+        runs: list[tuple[list[Trial], list[int], list[list[str]]]] = []
+        for trial, job, lines in zip(trials, jobs, overrides, strict=True):
+            error = job_compose_error(self.hydra_context.config_loader, self.config, lines)
+            if error is not None:
+                self._fail(study, trial, f"{error}\n(Hydra job #{job}'s config does not compose: the trial was not "
+                                         "launched, and is not retried)")
+                continue
+            if runs and (numbered or runs[-1][1][-1] + 1 == job):
+                runs[-1][0].append(trial)
+                runs[-1][1].append(job)
+                runs[-1][2].append(lines)
+            else:
+                runs.append(([trial], [job], [lines]))
+        return runs
 
     def _hand_back(self, study: optuna.Study, trials: list[Trial], e: BaseException) -> None:
         """This worker is stopping mid-trial: fail its trials and enqueue their retries now, so that no worker
@@ -196,6 +229,17 @@ class ClaimLoop:
         return True
 
     # ------------------------------------------------------------------ local worker processes
+
+
+def job_compose_error(loader: Any, config: Any, overrides: list[str]) -> str | None:
+    """Hydra's error composing the job config of ``overrides`` (``load_sweep_config``, as the launcher will), or None.
+    The vectorized launcher keeps the config this composes and runs the job with it (``vitsweep_launcher._validated``
+    knows this function by its name), so the job is composed once."""
+    try:
+        loader.load_sweep_config(config, overrides)
+    except Exception as e:  # noqa: BLE001 - any composition error is the job's own
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _consecutive_jobs(waiting: list, n_jobs: int) -> int:
