@@ -589,3 +589,44 @@ def test_tensorboard_itself_shows_a_stopped_and_resumed_run_as_one_curve(tiny_cf
         assert same_curve(points, rows, key), (key, points)
     texts = [json.loads(make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("summary/text_summary")]
     assert [t["stop_reason"] for t in texts] == ["max_epochs"]
+
+
+def test_tensorboard_dropped_mid_run_is_sent_the_rows_it_missed_on_resume(tiny_cfg, tmp_path, monkeypatch):
+    """TensorBoard failing partway through a run (an event dir on a full disk) drops it, as MLflow, but a resume
+    that continued its event files sent it only the rows from the checkpoint on: the rows between the drop and the
+    checkpoint stayed missing from its curve for good (MLflow is sent them). Found by failing one log_metrics of a
+    run and reading its events after a resume. The resume now sends TensorBoard the kept rows beyond the last step
+    its events hold, as MLflow is sent them."""
+    from src.trackers_tensorboard import TensorBoardTracker
+
+    calls = []
+    log_metrics = TensorBoardTracker.log_metrics
+
+    def flaky(self, row):
+        calls.append(row["step"])
+        if len(calls) == 2:
+            raise OSError("No space left on device")
+        log_metrics(self, row)
+
+    monkeypatch.setattr(TensorBoardTracker, "log_metrics", flaky)
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=tensorboard", "scheduler=constant", f"trainer.max_epochs={epochs}",
+                        "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    run_dir = tmp_path / "run"
+    assert train(cfg(3), run_dir)["status"] == "completed"
+    assert len(events(run_dir).Scalars("train_error")) == 1  # dropped at epoch 2's row
+    monkeypatch.setattr(TensorBoardTracker, "log_metrics", log_metrics)
+    assert train(cfg(4), run_dir)["status"] == "completed"  # extended: the resume continues the event files
+    rows = rows_of(run_dir)
+    assert len(rows) == 4
+    for key in ("train_error", "epoch"):
+        assert same_curve([(e.step, e.value) for e in events(run_dir).Scalars(key)], rows, key), key
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as ServerReader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = ServerReader(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})  # what `tensorboard` shows
+    acc.Reload()
+    points = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors("train_error")]
+    assert same_curve(points, rows, "train_error"), points
