@@ -28,7 +28,7 @@ from src.resume import already_stopped, prepare_resume, resume
 from src.run_setup import plain_config
 from src.run_state import RunState
 from src.run_summary import finish, summarise
-from src.stop_signal import RunInterrupted, StopSignal
+from src.stop_signal import RunInterrupted, StopSignal, stop_in_flight
 from src.trackers import open_trackers
 from src.trial import Reporter
 from src.validate import check_config
@@ -95,6 +95,6 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
                             "command continues the run", signal.Signals(stop.signum).name, state.epoch, state.step,
                             run_dir)
                 raise RunInterrupted(stop.signum, summary)
-    finally:  # the summary closed them; this closes them after an exception that came before it
-        state.recorder.trackers.close()
+    finally:  # the summary closed them; this closes them after an exception that came before it (KILLED for a
+        state.recorder.trackers.close("KILLED" if stop_in_flight() else "FAILED")  # stop, as an interrupted summary)
     return summary

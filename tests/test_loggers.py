@@ -630,3 +630,30 @@ def test_tensorboard_dropped_mid_run_is_sent_the_rows_it_missed_on_resume(tiny_c
     acc.Reload()
     points = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors("train_error")]
     assert same_curve(points, rows, "train_error"), points
+
+
+def test_a_stop_outside_the_training_loop_ends_the_mlflow_run_killed(tiny_cfg, tmp_path, monkeypatch):
+    """A Ctrl-C (KeyboardInterrupt) that came after the trackers started but outside the training loop (between the
+    tracker's start and the loop, or in a tracker's own start) ended the single run's MLflow run FAILED, or left it
+    RUNNING, where a stop in the loop ends it KILLED (as a stacked member's does). Found by raising KeyboardInterrupt
+    there and reading the MLflow run's status. Both now end KILLED."""
+    import src.trainer
+    from src.trackers_mlflow import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=1")
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(src.trainer, "already_stopped", interrupt)  # after the trackers started, before the loop
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "before_loop")
+    with monkeypatch.context() as m:
+        m.setattr(MLflowTracker, "_supersede", interrupt)  # in the tracker's start, once its MLflow run exists
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "in_start")
+    client = MlflowClient(tracking_uri=uri)
+    statuses = {d: client.get_run(run_id_of(tmp_path / d)).info.status for d in ("before_loop", "in_start")}
+    assert statuses == {"before_loop": "KILLED", "in_start": "KILLED"}
