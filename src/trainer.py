@@ -71,10 +71,11 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
-    start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
     try:
         stop = StopSignal()
-        with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
+        with stop.installed():  # from the trackers' start until the final checkpoint and summary are written
+            # (StopSignal): a SIGTERM while they start stops the run after its first step, their runs KILLED
+            start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
             if already_stopped(state):  # killed after its final checkpoint, or extended past a cap where it converged
                 return finish(state, state.stop_reason, checkpoint=False)
             state.started = time.perf_counter()

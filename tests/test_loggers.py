@@ -657,3 +657,21 @@ def test_a_stop_outside_the_training_loop_ends_the_mlflow_run_killed(tiny_cfg, t
     client = MlflowClient(tracking_uri=uri)
     statuses = {d: client.get_run(run_id_of(tmp_path / d)).info.status for d in ("before_loop", "in_start")}
     assert statuses == {"before_loop": "KILLED", "in_start": "KILLED"}
+
+
+def test_sigterm_while_the_trackers_start_stops_the_run_cleanly_and_ends_its_mlflow_run_killed(tmp_path):
+    """The trainer's SIGTERM handler was installed after the trackers started: a SIGTERM while MLflow started (a
+    store's tables being created, a server's answer awaited) met the default handler, which ended the process at
+    once, its MLflow run RUNNING. Found by sending SIGTERM from the tracker's start. The handler is now in place
+    before the trackers start: the run stops after its first step with its checkpoint (exit 143) and the MLflow run
+    ends KILLED, as a stop in the loop ends it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code = ("import os, signal; from tests.conftest import compose_cfg, TINY; from src.trainer import train; "
+            "from src.trackers_mlflow import MLflowTracker; "
+            "MLflowTracker._supersede = lambda self, run_dir: os.kill(os.getpid(), signal.SIGTERM); "
+            f"train(compose_cfg([*TINY, 'logger=mlflow', 'logger.mlflow.tracking_uri={uri}', "
+            f"'trainer.checkpoint=true']), {str(tmp_path / 'run')!r})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr[-3000:])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert MlflowClient(tracking_uri=uri).get_run(run_id_of(tmp_path / "run")).info.status == "KILLED"
