@@ -26,7 +26,6 @@ On CUDA a group is cut, before its first step, to the members that fit in the de
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from src.run_state import RunState
 from src.run_summary import finish, summarise
 from src.stacked_loop import _report, run_members
 from src.stacked_parts import stack_parts
-from src.stop_signal import RunInterrupted
+from src.stop_signal import stop_in_flight
 from src.trainer import start_tracking
 from src.trial import Reporter
 from src.validate import check_config
@@ -198,6 +197,6 @@ def _close_trackers(states: Iterable[RunState]) -> None:
     """End the members' tracker runs (a no-op for those a summary ended): KILLED while a stop is in flight (the
     members are handed back and resume), else FAILED. Called from ``finally`` clauses, where ``sys.exc_info``
     holds the exception on its way out."""
-    stop = isinstance(sys.exc_info()[1], (RunInterrupted, KeyboardInterrupt))
+    stop = stop_in_flight()
     for s in states:
         s.recorder.trackers.close("KILLED" if stop else "FAILED")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,13 @@ class RunInterrupted(SystemExit):
 
     def __reduce__(self):  # a pool worker sends it back pickled; the default would call __init__(code) alone
         return type(self), (self.signum, self.summary)
+
+
+def stop_in_flight() -> bool:
+    """Whether the exception on its way out (``sys.exc_info``, in an ``except`` or ``finally`` clause) is a stop:
+    SIGTERM/SIGINT's ``RunInterrupted``, or a Ctrl-C's ``KeyboardInterrupt`` raised wherever it came. A tracker run
+    it ends ends ``KILLED``, as one an ``interrupted`` summary ends; any other exception ends it ``FAILED``."""
+    return isinstance(sys.exc_info()[1], (RunInterrupted, KeyboardInterrupt))
 
 
 class StopSignal:

@@ -22,6 +22,7 @@ from typing import Any
 
 from hydra.types import RunMode
 
+from src.stop_signal import stop_in_flight
 from src.trackers_mlflow import MLflowTracker
 from src.trackers_tensorboard import TensorBoardTracker
 
@@ -106,5 +107,9 @@ def open_trackers(cfg: Mapping[str, Any], run_dir: Path, resume_step: int, info:
                                                                                             sweep_dir=sweep_dir))
     tags = {k: info[k] for k in ("study_name", "trial_number") if k in info}
     trackers = Trackers(made)
-    trackers.start(Path(run_dir), cfg, resume_step, tags)
+    try:
+        trackers.start(Path(run_dir), cfg, resume_step, tags)
+    except BaseException:  # a stop (Ctrl-C) during a start: a tracker's failure drops it instead (``Trackers``)
+        trackers.close("KILLED" if stop_in_flight() else "FAILED")  # the runs the trackers began end with it
+        raise
     return trackers

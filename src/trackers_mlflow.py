@@ -129,8 +129,8 @@ class MLflowTracker:
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + PARAMS_PER_BATCH])
-        for row in kept_rows(run_dir, resume_step):  # what the MLflow run lacks of the run's curve so far (a new
-            self.log_metrics(row)  # run on a resumed run dir, or MLflow dropped at an earlier start): steps it has skip
+        for row in kept_rows(run_dir, resume_step, self.seen_through):  # what the MLflow run lacks of the run's
+            self.log_metrics(row)  # curve so far (a new run on a resumed run dir, or MLflow dropped at a start)
 
     def _reopen(self, record: Mapping[str, Any], here: str) -> Any:
         """The MLflow run ``tracker.json`` names, to continue; None where there is none, or where it belongs to

@@ -30,12 +30,13 @@ def numbers(row: Mapping[str, Any]) -> dict[str, float]:
             if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
 
 
-def kept_rows(run_dir: Path, resume_step: int) -> list[dict]:
-    """The rows ``metrics.jsonl`` keeps up to ``resume_step`` (a resume has cut it back to its checkpoint): what a
-    tracker run that starts on a resumed run dir (a tracker added on resume, a run dir copied or moved) sends first,
-    so that its curve is the run's whole curve."""
+def kept_rows(run_dir: Path, resume_step: int, logged_through: int = -1) -> list[dict]:
+    """The rows ``metrics.jsonl`` keeps up to ``resume_step`` (a resume has cut it back to its checkpoint) beyond
+    ``logged_through``, the last step a tracker run holds (-1: none): what a tracker run that starts on a resumed run
+    dir lacks (all of them for a tracker added on resume or a run dir copied or moved; the gap for one dropped at an
+    earlier start, or absent from one) and sends first, so that its curve is the run's whole curve."""
     path = Path(run_dir) / "metrics.jsonl"
     if resume_step <= 0 or not path.is_file():
         return []
     rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return [r for r in rows if int(r.get("step", 0)) <= resume_step]
+    return [r for r in rows if logged_through < int(r.get("step", 0)) <= resume_step]

@@ -2,8 +2,9 @@
 
 A resumed run continues its event files: TensorBoard discards the events after the checkpoint's step
 (``purge_step``, and a second session start there: TensorBoard's server purges only at a start after its first), so
-a killed and resumed run is one curve with no step twice; a tracker added to a resumed run is sent the rows the run
-dir kept. The package loads only when a run starts the tracker (``src.trackers``).
+a killed and resumed run is one curve with no step twice; a tracker added to a resumed run, dropped at an earlier start
+or absent from one, is sent the rows the run dir kept beyond the last step its event files hold. The package loads
+only when a run starts the tracker (``src.trackers``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from src.trackers_payload import SUMMARY_TAGS, flat_params, kept_rows, numbers
+
+
+def _logged_through(log_dir: Path) -> int:
+    """The last step of the rows the event files in ``log_dir`` hold, as TensorBoard reads them (the events a later
+    session start purged left out); -1 for none."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # all of them: a purge may cut the last ones
+    acc.Reload()
+    return max((e.step for e in acc.Scalars("epoch")), default=-1) if "epoch" in acc.Tags()["scalars"] else -1
 
 
 class TensorBoardTracker:
@@ -33,6 +44,7 @@ class TensorBoardTracker:
 
         log_dir = Path(run_dir) / "tensorboard"
         fresh = not any(log_dir.glob("events.out.tfevents.*"))
+        logged = -1 if fresh else _logged_through(log_dir)  # read before this start's session start purges
         # resumed: readers discard this run's events from the first step after the checkpoint on (logged before a
         # kill, about to be logged again)
         self.writer = SummaryWriter(str(log_dir), purge_step=None if fresh else resume_step + 1,
@@ -42,11 +54,13 @@ class TensorBoardTracker:
         if fresh:  # the experiment and session start: the session's end is written with the summary (log_summary)
             for summary in hparams({**flat_params(cfg), **tags}, {"summary/objective": math.nan})[:2]:
                 self.writer.file_writer.add_summary(summary)
-            for row in kept_rows(run_dir, resume_step):  # a tracker added to a resumed run: its curve so far
-                self.log_metrics(row)
         elif tags:  # a resumed start (a retried trial resumes the run dir under its own trial number)
             self.start_text = (json.dumps(dict(tags)), resume_step + 1)
             self.writer.add_text("vitsweep/start", *self.start_text)
+        # what the event files lack of the run's curve so far (a tracker added to a resumed run, or dropped or absent
+        # at an earlier start), at steps before the session start, which readers therefore keep
+        for row in kept_rows(run_dir, resume_step, logged):
+            self.log_metrics(row)
 
     def log_metrics(self, row: Mapping[str, Any]) -> None:
         for k, v in numbers(row).items():

@@ -28,7 +28,7 @@ from src.resume import already_stopped, prepare_resume, resume
 from src.run_setup import plain_config
 from src.run_state import RunState
 from src.run_summary import finish, summarise
-from src.stop_signal import RunInterrupted, StopSignal
+from src.stop_signal import RunInterrupted, StopSignal, stop_in_flight
 from src.trackers import open_trackers
 from src.trial import Reporter
 from src.validate import check_config
@@ -71,10 +71,11 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
               + json.dumps(done, indent=2), flush=True)
         return done
     state = resume(cfg, run_dir, found)
-    start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
     try:
         stop = StopSignal()
-        with stop.installed():  # until the final checkpoint and summary are written (StopSignal)
+        with stop.installed():  # from the trackers' start until the final checkpoint and summary are written
+            # (StopSignal): a SIGTERM while they start stops the run after its first step, their runs KILLED
+            start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
             if already_stopped(state):  # killed after its final checkpoint, or extended past a cap where it converged
                 return finish(state, state.stop_reason, checkpoint=False)
             state.started = time.perf_counter()
@@ -95,6 +96,6 @@ def _train(cfg: dict[str, Any], run_dir: Path, reporter: Reporter | None, sweep_
                             "command continues the run", signal.Signals(stop.signum).name, state.epoch, state.step,
                             run_dir)
                 raise RunInterrupted(stop.signum, summary)
-    finally:  # the summary closed them; this closes them after an exception that came before it
-        state.recorder.trackers.close()
+    finally:  # the summary closed them; this closes them after an exception that came before it (KILLED for a
+        state.recorder.trackers.close("KILLED" if stop_in_flight() else "FAILED")  # stop, as an interrupted summary)
     return summary

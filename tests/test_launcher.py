@@ -242,6 +242,25 @@ def test_several_workers_on_one_gpu_without_mps_get_a_warning(tmp_path, monkeypa
     assert gpu_sharing_note(8, ["0"]) is None
 
 
+def test_more_torch_threads_than_cores_get_one_warning_before_any_job(tmp_path):
+    """trainer.num_threads replaces the cores // workers threads each worker takes: set for a single run and kept in
+    a sweep, n_procs workers of it ran n_procs x trainer.num_threads threads on the cores, with no word (small models
+    train much slower oversubscribed). Found by reading the launcher. It now warns once, before the first job,
+    naming both settings and the cores this process may use; null is the worker's own share."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    done = app(tmp_path, "hydra/sweeper=basic", "x=1,2", f"+trainer.num_threads={cores}")  # 2 workers (LAUNCH)
+    out = done.stdout + done.stderr
+    assert out.count(f"trainer.num_threads={cores} x 2 worker processes") == 1, out[-3000:]
+    assert out.index("trainer.num_threads=") < out.index("] #"), out[-3000:]  # before the first job's line
+    from hydra_plugins.vitsweep_launcher.devices import thread_oversubscription_note
+
+    assert thread_oversubscription_note(2, None, 2) is None and thread_oversubscription_note(2, 1, 2) is None
+    note = thread_oversubscription_note(4, 3, 8)
+    assert "trainer.num_threads=3" in note and "hydra.launcher.n_procs" in note and "8 cores" in note
+
+
 def test_stacked_members_return_what_a_single_run_returns(monkeypatch):
     """A pruned member inside an Optuna trial becomes optuna.TrialPruned (``src.train.objective_of``, as a single
     run), a finished one its objective, a failed one its exception."""

@@ -589,3 +589,89 @@ def test_tensorboard_itself_shows_a_stopped_and_resumed_run_as_one_curve(tiny_cf
         assert same_curve(points, rows, key), (key, points)
     texts = [json.loads(make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("summary/text_summary")]
     assert [t["stop_reason"] for t in texts] == ["max_epochs"]
+
+
+def test_tensorboard_dropped_mid_run_is_sent_the_rows_it_missed_on_resume(tiny_cfg, tmp_path, monkeypatch):
+    """TensorBoard failing partway through a run (an event dir on a full disk) drops it, as MLflow, but a resume
+    that continued its event files sent it only the rows from the checkpoint on: the rows between the drop and the
+    checkpoint stayed missing from its curve for good (MLflow is sent them). Found by failing one log_metrics of a
+    run and reading its events after a resume. The resume now sends TensorBoard the kept rows beyond the last step
+    its events hold, as MLflow is sent them."""
+    from src.trackers_tensorboard import TensorBoardTracker
+
+    calls = []
+    log_metrics = TensorBoardTracker.log_metrics
+
+    def flaky(self, row):
+        calls.append(row["step"])
+        if len(calls) == 2:
+            raise OSError("No space left on device")
+        log_metrics(self, row)
+
+    monkeypatch.setattr(TensorBoardTracker, "log_metrics", flaky)
+
+    def cfg(epochs: int):
+        return tiny_cfg("logger=tensorboard", "scheduler=constant", f"trainer.max_epochs={epochs}",
+                        "trainer.checkpoint=true", "trainer.checkpoint_every=1")
+
+    run_dir = tmp_path / "run"
+    assert train(cfg(3), run_dir)["status"] == "completed"
+    assert len(events(run_dir).Scalars("train_error")) == 1  # dropped at epoch 2's row
+    monkeypatch.setattr(TensorBoardTracker, "log_metrics", log_metrics)
+    assert train(cfg(4), run_dir)["status"] == "completed"  # extended: the resume continues the event files
+    rows = rows_of(run_dir)
+    assert len(rows) == 4
+    for key in ("train_error", "epoch"):
+        assert same_curve([(e.step, e.value) for e in events(run_dir).Scalars(key)], rows, key), key
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as ServerReader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = ServerReader(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})  # what `tensorboard` shows
+    acc.Reload()
+    points = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors("train_error")]
+    assert same_curve(points, rows, "train_error"), points
+
+
+def test_a_stop_outside_the_training_loop_ends_the_mlflow_run_killed(tiny_cfg, tmp_path, monkeypatch):
+    """A Ctrl-C (KeyboardInterrupt) that came after the trackers started but outside the training loop (between the
+    tracker's start and the loop, or in a tracker's own start) ended the single run's MLflow run FAILED, or left it
+    RUNNING, where a stop in the loop ends it KILLED (as a stacked member's does). Found by raising KeyboardInterrupt
+    there and reading the MLflow run's status. Both now end KILLED."""
+    import src.trainer
+    from src.trackers_mlflow import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_cfg("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "trainer.max_epochs=1")
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(src.trainer, "already_stopped", interrupt)  # after the trackers started, before the loop
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "before_loop")
+    with monkeypatch.context() as m:
+        m.setattr(MLflowTracker, "_supersede", interrupt)  # in the tracker's start, once its MLflow run exists
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "in_start")
+    client = MlflowClient(tracking_uri=uri)
+    statuses = {d: client.get_run(run_id_of(tmp_path / d)).info.status for d in ("before_loop", "in_start")}
+    assert statuses == {"before_loop": "KILLED", "in_start": "KILLED"}
+
+
+def test_sigterm_while_the_trackers_start_stops_the_run_cleanly_and_ends_its_mlflow_run_killed(tmp_path):
+    """The trainer's SIGTERM handler was installed after the trackers started: a SIGTERM while MLflow started (a
+    store's tables being created, a server's answer awaited) met the default handler, which ended the process at
+    once, its MLflow run RUNNING. Found by sending SIGTERM from the tracker's start. The handler is now in place
+    before the trackers start: the run stops after its first step with its checkpoint (exit 143) and the MLflow run
+    ends KILLED, as a stop in the loop ends it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code = ("import os, signal; from tests.conftest import compose_cfg, TINY; from src.trainer import train; "
+            "from src.trackers_mlflow import MLflowTracker; "
+            "MLflowTracker._supersede = lambda self, run_dir: os.kill(os.getpid(), signal.SIGTERM); "
+            f"train(compose_cfg([*TINY, 'logger=mlflow', 'logger.mlflow.tracking_uri={uri}', "
+            f"'trainer.checkpoint=true']), {str(tmp_path / 'run')!r})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr[-3000:])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"
+    assert MlflowClient(tracking_uri=uri).get_run(run_id_of(tmp_path / "run")).info.status == "KILLED"

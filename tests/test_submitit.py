@@ -316,6 +316,42 @@ def test_a_job_whose_result_cannot_be_loaded_fails_its_trial_and_is_not_retried(
     assert (tmp_path / "0" / "attempts").read_text() == "1", "the job ran once"
 
 
+def test_a_task_that_calls_sys_exit_fails_its_trial_with_its_exit_code_and_is_not_retried(tmp_path):
+    """A task's own sys.exit(n) (n not 128 + a signal's number, a stop's code) left no result, as a killed job does:
+    its trial was failed as interrupted and the same job ran again (submitit's state, FINISHED, is a stopped run's
+    too). Found by exiting a task with code 3. The job now returns its exit as the task's error: its trial fails
+    naming the code, and is not retried."""
+    proc = run([APP, "-m", f"hydra.sweep.dir={tmp_path}", *LOCAL, "x=choice(1)", "hydra.sweeper.n_trials=1",
+                "hydra.sweeper.max_failure_rate=1.0"], cwd=tmp_path, env={"SWEEPER_APP_EXIT": "3"})
+    out = proc.stdout + proc.stderr
+    (trial,) = load(tmp_path).trials
+    assert trial.state == TrialState.FAIL and "retried as trial" not in out, out[-3000:]
+    assert "sys.exit(3)" in trial.user_attrs["error"] and not trial.user_attrs.get("interrupted")
+    assert (tmp_path / "0" / "attempts").read_text() == "1", "the job ran once"
+
+
+def test_a_stop_s_exit_and_submitit_s_own_exit_still_leave_the_job_without_a_result():
+    """Only a task's own exit is returned: a stopped run's SystemExit(128 + signal) and the exit of submitit's requeue
+    (raised by its signal handler inside the task's frames: -1 on SLURM) still end the job without a result."""
+    import types
+
+    from hydra_plugins.vitsweep_sweeper._submitit import ExitAsResult, JobError
+
+    def exits(code):
+        def task(*args):
+            raise SystemExit(code)
+        return task
+
+    submitit_code = types.ModuleType("submitit.core.job_environment")  # where submitit's requeue exits
+    exec("def _exit(*args):\n    raise SystemExit(-1)", submitit_code.__dict__)
+    for launcher in (exits(143), exits(130), submitit_code._exit):
+        with pytest.raises(SystemExit):
+            ExitAsResult(launcher)()
+    ret = ExitAsResult(exits(1))()
+    assert isinstance(ret._return_value, JobError) and "sys.exit(1)" in str(ret._return_value)
+    assert ExitAsResult(exits(1)).checkpoint("a").function.launcher is not None  # a requeue resubmits the wrapper
+
+
 class _Raised(_Done):
     """A finished submitit job whose `results()` raises ``exc`` (what submitit raises for its outcome)."""
 

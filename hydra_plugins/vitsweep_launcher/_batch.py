@@ -23,7 +23,7 @@ from hydra_plugins.vitsweep_sweeper import protocol
 from hydra_plugins.vitsweep_sweeper.protocol import job_exception
 
 from ._worker import _run_unit
-from .devices import _device_setting, _job_gpus, gpu_sharing_note
+from .devices import _device_setting, _job_gpus, gpu_sharing_note, thread_oversubscription_note
 from .pool import _cpu_count, _drop, _pool
 from .units import plan_units, stacks
 
@@ -62,6 +62,11 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
              + f"; worker logs in {log_dir}")
     note = gpu_sharing_note(n_procs, gpus)
     if note:
+        log.warning(note)
+    # the jobs' own threads replace the workers' share: said once per launcher (a sweeper launches batch after batch)
+    note = thread_oversubscription_note(n_procs, OmegaConf.select(configs[0], "trainer.num_threads"), cores)
+    if note and not getattr(launcher, "threads_warned", False):
+        launcher.threads_warned = True
         log.warning(note)
     results: dict[int, JobReturn] = {}
     notify = getattr(launcher, "on_job_done", None)  # a sweeper's hook: it records each result as it comes

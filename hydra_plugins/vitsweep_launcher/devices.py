@@ -81,3 +81,15 @@ def _worker_gpu_env(gpus: list[str], slot: int, share: int, pinned: str) -> dict
     if pinned.startswith("cuda:"):
         env[LAUNCHER_DEVICE_ENV] = pinned
     return env
+
+
+def thread_oversubscription_note(n_procs: int, num_threads: int | None, cores: int) -> str | None:
+    """The warning for jobs whose ``trainer.num_threads`` replaces the cores // workers torch threads each of the
+    ``n_procs`` workers takes, with more threads in all than the ``cores`` this process may use; None otherwise."""
+    if not num_threads or n_procs * int(num_threads) <= cores:
+        return None
+    return (f"trainer.num_threads={num_threads} x {n_procs} worker processes (hydra.launcher.n_procs) = "
+            f"{n_procs * int(num_threads)} torch threads on the {cores} cores this process may use "
+            "(os.sched_getaffinity): the cores are oversubscribed, which slows small models most; set "
+            f"trainer.num_threads=null (each worker then takes cores // workers = {max(1, cores // n_procs)}) or "
+            f"at most {max(1, cores // n_procs)}, or fewer hydra.launcher.n_procs")

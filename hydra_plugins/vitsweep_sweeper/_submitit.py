@@ -14,7 +14,8 @@ sweeper submits a batch through the launcher's own executor and callable (the jo
   not submitted: its trial fails with the error (on SLURM it would fail at its start, after its wait in the queue);
 - a job that raised outside its task (Hydra could not compose its overrides, a callback) or left a result this
   process cannot load becomes a `JobError` return: its trial fails with the error, as for the task's own
-  exception, and is not retried (the same job would fail the same way);
+  exception, and is not retried (the same job would fail the same way); so does a task's own `sys.exit(n)`, which
+  each job returns as its result (`ExitAsResult`) but for a stop's exit code (128 + a signal's number);
 - a sweeper stopped mid-batch (Ctrl-C, SIGTERM) cancels the batch's unfinished jobs before it hands their
   trials back, so no job keeps writing into a run dir that a retry will use.
 """
@@ -160,7 +161,7 @@ class SubmititBatches:
                 continue
             params.append((list(overrides), "hydra.sweep.dir", n, f"job_id_for_{n}", Singleton.get_state()))
         submitted = time.time()
-        jobs = executor.map_array(self.launcher, *zip(*params, strict=True)) if params else []
+        jobs = executor.map_array(ExitAsResult(self.launcher), *zip(*params, strict=True)) if params else []
         for job in jobs if self.launcher._EXECUTOR == "local" else ():  # a local job's folder is named by its pid
             _move_stale_result(job, submitted)
         number = {id(j): p[2] for j, p in zip(jobs, params, strict=True)}
@@ -219,6 +220,47 @@ class SubmititBatches:
             return _died(f"submitit job {job.job_id} (Hydra job #{n}) was stopped by submitit and not requeued "
                          f"({stopped}); its output: {job.paths.stdout}", ret)
         return ret
+
+
+class ExitAsResult:
+    """The launcher's callable as each job runs it, but for a task's own ``sys.exit(n)``: that left no result, as a
+    killed job does (submitit's state is FINISHED for any exit code, a stopped run's included), so its trial was
+    retried. It is returned as the task's failure, naming the code. Not a stop's exit, code 128 + a signal's number
+    (the trainer's ``RunInterrupted`` after SIGTERM or SIGINT: it dies, to be retried from its checkpoint), nor
+    submitit's own (its requeue after a time-out or preemption exits from its signal handler): those go on out."""
+
+    def __init__(self, launcher: Any) -> None:
+        self.launcher = launcher
+
+    def __call__(self, *args: Any) -> JobReturn:
+        try:
+            return self.launcher(*args)
+        except SystemExit as e:
+            if _stop_code(e.code) or _raised_by_submitit(e):
+                raise
+            return _failed(JobError(f"the task called sys.exit({e.code!r}): it ended without a result, and its "
+                                    "trial fails with this exit (not retried: the same job would exit the same way)"))
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Resubmit the job as submitit's launcher does (``BaseSubmititLauncher.checkpoint``), through this wrapper."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def _stop_code(code: Any) -> bool:
+    """An exit code 128 + a signal's number: a process stopped by that signal (a stopped run's ``RunInterrupted``)."""
+    import signal
+
+    return isinstance(code, int) and code > 128 and (code - 128) in {s.value for s in signal.Signals}
+
+
+def _raised_by_submitit(e: BaseException) -> bool:
+    """Whether ``e`` was raised in submitit's own code (its signal handlers' exits, run inside the task's frames)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("submitit.")
 
 
 def _visible_gpus() -> tuple[int, ...]:

@@ -3,8 +3,9 @@ sweeper's public protocol (its trial comes from the job's environment, never fro
 metrics.jsonl and summary.json, and raises TrialPruned after the records are written when the pruner stops it.
 With SWEEPER_APP_RESUME set, a run dir's metrics.jsonl is its checkpoint: a rerun there continues after its epochs.
 A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`.
-With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes. With `fail=true` each
-attempt appends to the run dir's `attempts` file; SWEEPER_APP_UNPICKLABLE makes its error one that does not unpickle."""
+With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes. With `fail=true` (or
+SWEEPER_APP_EXIT=n, which makes the task call sys.exit(n)) each attempt appends to the run dir's `attempts` file;
+SWEEPER_APP_UNPICKLABLE makes its error one that does not unpickle."""
 
 import json
 import math
@@ -36,6 +37,9 @@ def main(cfg: DictConfig):
         raise RuntimeError("planted failure")
     if os.environ.get("SWEEPER_APP_INTERRUPT"):  # an event from outside (SIGTERM), not part of the study's recipe
         raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
+    if os.environ.get("SWEEPER_APP_EXIT"):  # the task's own sys.exit(n): each attempt appends to `attempts` too
+        (run_dir / "attempts").open("a").write("1")
+        sys.exit(int(os.environ["SWEEPER_APP_EXIT"]))
     trial = current_trial(run_dir)
     reporter = make_reporter(trial)
     final = cfg.x**2 + cfg.y**2 + (100.0 if cfg.bad else 0.0)
