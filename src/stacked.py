@@ -38,7 +38,10 @@ from src.run_state import RunState
 from src.run_summary import finish, summarise
 from src.stacked_loop import _report, run_members
 from src.stacked_parts import stack_parts
-from src.stop_signal import stop_in_flight
+from src.stop_signal import (
+    StopSignal,
+    stop_in_flight,
+)
 from src.trainer import start_tracking
 from src.trial import Reporter
 from src.validate import check_config
@@ -137,60 +140,81 @@ def train_members(cfgs: Sequence[Mapping[str, Any]], run_dirs: Sequence[str | Pa
     results: list[dict | BaseException | None] = [None] * len(cfgs)
     states: dict[int, RunState] = {}
     held = contextlib.ExitStack()  # each member's run dir, as src.trainer.train holds a single run's
+    # SIGTERM/SIGINT handlers from before the first member's trackers start, as a single run's (src.trainer): a stop
+    # during the members' start stops the group after its first step, every member's tracker run KILLED (it ended
+    # the process at once, their tracker runs left RUNNING: second review 2026-11-30). Installed once every run dir
+    # is held, as a single run's: a stop while a run dir is awaited (its first process still alive) ends the process
+    stop = StopSignal()
 
     def ended(k: int, summary: dict) -> None:  # a member that ends before its part does: its result stands
         results[k] = summary
         _report(on_done, k, summary)
 
     try:
+        ready = []
         for k, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs, strict=True)):
-            state = None
-            try:  # the single run's start: checks, resume or a fresh set-up (its RNG order included)
+            try:  # the single run's checks, and its run dir held
                 cfg = plain_config(cfg)
                 check_config(cfg)
                 run_dir = writable_run_dir(run_dir)
                 held.enter_context(hold_run_dir(run_dir))
-                found, done = prepare_resume(cfg, run_dir)
-                if done is None:
-                    state = resume(cfg, run_dir, found)
-                    start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
-                    if already_stopped(state):
-                        done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
-                    elif pruned := replay_final_report(state, reporters[k]):  # extended past a cap it is pruned at
-                        done = finish(state, pruned)
-                    else:
-                        states[k] = state
-                        continue
-                results[k] = done
-                _report(on_done, k, done)
             except Exception as e:  # this member fails alone
                 results[k] = e
-                if state is not None:  # its tracker runs started, and no summary or later close reaches them
-                    _close_trackers([state])
-        for part in stack_parts(states):
-            members = {k: states[k] for k in part}
-            for s in members.values():  # what the member's summary records of how it trained
-                s.info["stacked_members"] = len(members)
-                if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates with
-                    s.info["attention_trained"] = "explicit"
-            try:
-                results_by_member = run_members(members, {k: reporters[k] for k in part}, ended)
-            except Exception as e:  # the stacked step itself failed: every member still training records it
-                for k, s in members.items():
-                    if results[k] is not None:  # it ended before the failure
-                        continue
-                    if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
-                        s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"), s.cfg)
-                    results[k] = e
-            else:
-                for k, summary in results_by_member.items():
-                    results[k] = summary
-            finally:  # their summaries closed them; this closes them after an exception that came before one
-                _close_trackers(members.values())
+                continue
+            ready.append((k, cfg, run_dir))
+        with stop.installed():  # a normal end hands on a signal no member stopped for (StopSignal)
+            _start_members(ready, reporters, sweep_dir, results, states, on_done)
+            for part in stack_parts(states):
+                members = {k: states[k] for k in part}
+                for s in members.values():  # what the member's summary records of how it trained
+                    s.info["stacked_members"] = len(members)
+                    if s.info.get("attention"):  # under vmap a ViT trains with the explicit ops, whatever it evaluates
+                        s.info["attention_trained"] = "explicit"
+                try:
+                    results_by_member = run_members(members, {k: reporters[k] for k in part}, ended, stop)
+                except Exception as e:  # the stacked step itself failed: every member still training records it
+                    for k, s in members.items():
+                        if results[k] is not None:  # it ended before the failure
+                            continue
+                        if s.recorder is not None and not (s.recorder.dir / "summary.json").is_file():
+                            s.recorder.summary(summarise(s, "error", f"{type(e).__name__}: {e}"), s.cfg)
+                        results[k] = e
+                else:
+                    for k, summary in results_by_member.items():
+                        results[k] = summary
+                finally:  # their summaries closed them; this closes them after an exception that came before one
+                    _close_trackers(members.values())
     finally:  # a stop in a member's set-up or in one part leaves the other members' tracker runs open
         _close_trackers(states.values())
         held.close()
     return results
+
+
+def _start_members(ready: Sequence[tuple[int, dict, Path]], reporters: Sequence[Reporter | None],
+                   sweep_dir: str | Path | None, results: list, states: dict[int, RunState],
+                   on_done: Callable[[int, dict], None] | None) -> None:
+    """Each held member's start, as a single run's: resume or a fresh set-up (its RNG order included), its trackers
+    started; a member to train goes into ``states``, one that ended already (or fails) into ``results``."""
+    for k, cfg, run_dir in ready:
+        state = None
+        try:
+            found, done = prepare_resume(cfg, run_dir)
+            if done is None:
+                state = resume(cfg, run_dir, found)
+                start_tracking(state, None if sweep_dir is None else Path(sweep_dir))
+                if already_stopped(state):
+                    done = finish(state, state.stop_reason, checkpoint=False)  # killed after its final checkpoint
+                elif pruned := replay_final_report(state, reporters[k]):  # extended past a cap it is pruned at
+                    done = finish(state, pruned)
+                else:
+                    states[k] = state
+                    continue
+            results[k] = done
+            _report(on_done, k, done)
+        except Exception as e:  # this member fails alone
+            results[k] = e
+            if state is not None:  # its tracker runs started, and no summary or later close reaches them
+                _close_trackers([state])
 
 
 def _close_trackers(states: Iterable[RunState]) -> None:

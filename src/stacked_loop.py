@@ -12,6 +12,7 @@ saved, as a single run.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -168,19 +169,24 @@ def _tick(members: dict[int, _Member], stack: MemberStack, pbar) -> dict[int, st
 
 
 def run_members(states: dict[int, RunState], reporters: dict[int, Reporter | None],
-                on_done: Callable[[int, dict | Exception], None] | None = None) -> dict[int, dict | Exception]:
+                on_done: Callable[[int, dict | Exception], None] | None = None,
+                stop: StopSignal | None = None) -> dict[int, dict | Exception]:
     """Train the set-up members together until each stops; returns each member's summary, or the exception that
     failed its end of epoch (evaluation, pruner report) alone. ``on_done(k, summary)`` as each member stops for good
-    (not when a stop signal interrupts them all)."""
-    stop = StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
+    (not when a stop signal interrupts them all). ``stop``: the caller's handlers, installed by it since before the
+    members' trackers started (``src.stacked.train_members``); a signal they noted stops the group after its first
+    step. None: this call installs its own."""
+    own = stop is None
+    stop = stop or StopSignal()  # SIGTERM/SIGINT: every member saves and ends `interrupted`, as a single run would
     members = {k: _Member(s, until_stopped(reporters.get(k), stop)) for k, s in states.items()}
     summaries: dict[int, dict] = {}
     for s in states.values():
         s.started = time.perf_counter()
     first = next(iter(states.values()))
-    with stop.installed(), tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
-                                disable=not first.cfg["trainer"].get("progress", True), leave=False,
-                                mininterval=30.0) as pbar:
+    handlers = stop.installed() if own else contextlib.nullcontext()
+    with handlers, tqdm(desc=f"stack of {len(states)} {first.info['model']}", unit="step",
+                        disable=not first.cfg["trainer"].get("progress", True), leave=False,
+                        mininterval=30.0) as pbar:
         stack = MemberStack([m.state for m in members.values()])
         while members:
             stopped = _tick(members, stack, pbar)

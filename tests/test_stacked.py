@@ -441,3 +441,37 @@ def test_a_member_whose_evaluation_or_report_fails_fails_alone(tmp_path):
     alone = train(cfgs[1], tmp_path / "alone")
     assert results[1]["status"] == "completed" and results[1]["epochs"] == 3 and "error" not in results[1]
     assert results[1]["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-4)
+
+
+def test_sigterm_while_a_stacked_members_trackers_start_stops_the_group_cleanly(tmp_path):
+    """Second review 2026-11-30: the single run's SIGTERM handler is in place before its trackers start, but a stacked
+    group's (``run_members``) came only after every member's set-up: a SIGTERM while the second member's MLflow run
+    started (the vectorized launcher's worker keeps the default handler) ended the process at once (rc -15), the
+    first member's MLflow run and its own left RUNNING. Found by sending SIGTERM from the second member's tracker
+    start. The group now stops as a single run does: after its first step, each member's checkpoint and
+    ``interrupted`` summary written (exit 143), every member's MLflow run KILLED."""
+    pytest.importorskip("mlflow", reason="pip install 'vitsweep[mlflow]'")
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import ROOT
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    dirs = [str(tmp_path / f"m{k}") for k in range(2)]
+    code = ("import os, signal; from omegaconf import OmegaConf; from tests.conftest import compose_cfg, TINY; "
+            "from src.stacked import train_members; from src.trackers_mlflow import MLflowTracker; calls = []; "
+            "MLflowTracker._supersede = lambda self, run_dir: calls.append(run_dir) or (len(calls) == 2 and "
+            "os.kill(os.getpid(), signal.SIGTERM)); "
+            f"cfgs = [OmegaConf.to_container(compose_cfg([*TINY, 'model.dropout=0.0', 'logger=mlflow', "
+            f"'logger.mlflow.tracking_uri={uri}', 'trainer.checkpoint=true', f'seed={{k}}']), resolve=True) "
+            "for k in range(2)]; "
+            f"train_members(cfgs, {dirs!r})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr[-3000:])
+    client = MlflowClient(tracking_uri=uri)
+    for d in dirs:
+        assert json.loads((tmp_path / d / "summary.json").read_text())["stop_reason"] == "interrupted", d
+        run_id = json.loads((tmp_path / d / "tracker.json").read_text())["mlflow"]["run_id"]
+        assert client.get_run(run_id).info.status == "KILLED", d
