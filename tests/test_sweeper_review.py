@@ -293,3 +293,24 @@ def test_a_trial_whose_config_does_not_compose_fails_alone_and_the_rest_of_its_b
             else:
                 assert t.state == TrialState.COMPLETE, (t.number, t.state, t.user_attrs)
                 assert t.user_attrs["run_dir"] == str(tmp_path / str(t.number))
+
+
+def test_an_error_telling_a_run_of_a_batch_still_launches_the_batchs_later_runs(tmp_path):
+    """Second review 2026-11-30: a batch the basic launcher runs in runs of consecutive job numbers (a job between
+    them did not compose) raised a tell's error (here: the task returns one value to a study of two directions) after
+    its first run, before its later runs were launched, which then stayed RUNNING, never run (one batch launched
+    whole told every job first). The batch's later runs are launched, each trial told; the error is raised after."""
+    conf = tmp_path / "conf" / "grp"
+    conf.mkdir(parents=True)
+    for name in ("a", "b"):
+        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
+    proc = sweep(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+grp=choice(a,nope,b)",
+                 "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=5", "hydra.sweeper.n_jobs=3",
+                 "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.direction=[minimize,minimize]", check=False)
+    assert proc.returncode != 0 and "hydra.sweeper.direction has 2 entries" in proc.stderr, proc.stderr[-3000:]
+    trials = load(tmp_path).trials
+    order = [t.params["+grp"] for t in sorted(trials, key=lambda t: t.number)]
+    assert order.index("nope") == 1, order  # the point between two runs (the grid's order is the seed's)
+    assert [t.state for t in trials] == [TrialState.FAIL] * 3, [(t.number, t.state.name) for t in trials]
+    assert all("direction has 2 entries" in t.user_attrs["error"] or "does not compose" in t.user_attrs["error"]
+               for t in trials)

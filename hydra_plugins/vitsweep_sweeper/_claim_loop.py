@@ -68,26 +68,30 @@ class ClaimLoop:
                     self._hand_back(study, trials, e)
                     raise
                 beat.trial_ids = [studies.trial_id(t) for run in runs for t in run[0]]
-                for run_trials, run_jobs, run_overrides in runs:
-                    told = Teller(self, study, dict(zip(run_jobs, run_trials, strict=True)), beat, progress, stop)
-                    if numbered:
-                        self.launcher.job_numbers = run_jobs
-                    if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
-                        self.launcher.on_job_done = told
-                    try:
-                        with stop.armed():  # a SIGTERM noted while claiming hands these trials back, too
-                            returns = self.launcher.launch(run_overrides, initial_job_idx=run_jobs[0])
-                    except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
-                        self._hand_back(study, trials, e)  # the batch's later runs too: RUNNING, not launched
-                        raise
-                    finally:
+                tellers: list[Teller] = []
+                try:  # a stop between two runs (a Ctrl-C while one is told) hands back the later ones too
+                    for run_trials, run_jobs, run_overrides in runs:
+                        told = Teller(self, study, dict(zip(run_jobs, run_trials, strict=True)), beat, progress, stop)
+                        tellers.append(told)
                         if numbered:
-                            self.launcher.job_numbers = None
-                        if hasattr(self.launcher, "on_job_done"):
-                            self.launcher.on_job_done = None
-                    for j, ret in zip(run_jobs, returns, strict=True):
-                        told(j, ret)  # what the launcher did not report as it went
-                    told.raise_deferred()
+                            self.launcher.job_numbers = run_jobs
+                        if hasattr(self.launcher, "on_job_done"):  # a launcher that reports each job as it ends
+                            self.launcher.on_job_done = told
+                        try:
+                            with stop.armed():  # a SIGTERM noted while claiming hands these trials back, too
+                                returns = self.launcher.launch(run_overrides, initial_job_idx=run_jobs[0])
+                        finally:
+                            if numbered:
+                                self.launcher.job_numbers = None
+                            if hasattr(self.launcher, "on_job_done"):
+                                self.launcher.on_job_done = None
+                        for j, ret in zip(run_jobs, returns, strict=True):
+                            told(j, ret)  # what the launcher did not report as it went
+                except (KeyboardInterrupt, SystemExit) as e:  # SIGINT, or SIGTERM stopping a run (trainer.resume)
+                    self._hand_back(study, trials, e)  # the batch's later runs too: RUNNING, not launched
+                    raise
+                for told in tellers:  # a tell's error once every run of the batch ran and was told, as for one run
+                    told.raise_deferred()  # (raised after the first, it left the later runs RUNNING, never launched)
                 beat.trial_ids = []
 
     def _composed_runs(self, study: optuna.Study, trials: list[Trial], jobs: list[int], overrides: list[list[str]],
