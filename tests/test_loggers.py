@@ -675,3 +675,53 @@ def test_sigterm_while_the_trackers_start_stops_the_run_cleanly_and_ends_its_mlf
     assert done.returncode == 143, (done.returncode, done.stderr[-3000:])
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "interrupted"
     assert MlflowClient(tracking_uri=uri).get_run(run_id_of(tmp_path / "run")).info.status == "KILLED"
+
+
+def _event_dir(log_dir: Path, sessions: list[tuple[int | None, range]], tags: int = 1) -> None:
+    """Event files as the tracker writes them: each session a SummaryWriter (``purge_step`` for a resumed start) that
+    logs ``epoch`` (and ``tags - 1`` other scalars) at each step of its range."""
+    import time
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    for purge, steps in sessions:
+        writer = SummaryWriter(str(log_dir), purge_step=purge)
+        for s in steps:
+            writer.add_scalar("epoch", float(s), s)
+            for k in range(tags - 1):
+                writer.add_scalar(f"m{k}", s + k / 10, s)
+        writer.close()
+        time.sleep(1.1)  # a new file name (its time in seconds), as a later start's
+
+
+def test_the_last_step_tensorboard_holds_is_read_as_tensorboard_reads_it_and_cheaply(tmp_path):
+    """Second review 2026-11-30: a resumed start reads the last step the event files hold (`_logged_through`, to send
+    TensorBoard the rows it lacks) with TensorBoard's EventAccumulator, keeping every scalar of every tag: 2.5 s for
+    a run dir of 100,000 scalars (5,000 rows of 20 numbers) on a 2-core CPU, at each start. It now reads the `epoch`
+    scalars alone from the records, as TensorBoard does after each session start's purge (and a record cut short by a
+    kill): the same step, in a fraction of that time."""
+    import time
+
+    from src.trackers_tensorboard import _logged_through
+
+    def accumulated(log_dir: Path) -> int:
+        acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        return max((e.step for e in acc.Scalars("epoch")), default=-1) if "epoch" in acc.Tags()["scalars"] else -1
+
+    cases = {"one": [(None, range(1, 9))], "purged": [(None, range(1, 11)), (5, range(5, 8))],
+             "purged_empty": [(None, range(1, 11)), (7, range(7, 9)), (4, range(0))], "none": [(None, range(0))]}
+    for name, sessions in cases.items():
+        _event_dir(tmp_path / name, sessions)
+        assert _logged_through(tmp_path / name) == accumulated(tmp_path / name), name
+    assert [_logged_through(tmp_path / n) for n in cases] == [8, 7, 3, -1]
+    last = sorted((tmp_path / "one").glob("events.out.tfevents.*"))[-1]
+    last.write_bytes(last.read_bytes()[:-7])  # a writer killed mid-record
+    assert _logged_through(tmp_path / "one") == accumulated(tmp_path / "one") == 7
+    _event_dir(tmp_path / "long", [(None, range(1, 5001))], tags=20)
+    began = time.perf_counter()
+    assert _logged_through(tmp_path / "long") == 5000
+    cheap = time.perf_counter() - began
+    began = time.perf_counter()
+    assert accumulated(tmp_path / "long") == 5000
+    assert cheap < (time.perf_counter() - began) / 3, cheap
