@@ -58,6 +58,22 @@ def same_curve(points: list[tuple[int, float]], rows: list[dict], key: str) -> b
             and [p[1] for p in points] == pytest.approx([r[key] for r in rows]))
 
 
+def fail_second_row(monkeypatch, tracker: type, error: Exception):
+    """Make the second ``log_metrics`` call of ``tracker`` (a class) raise ``error``, as a store failing once mid-run:
+    the tracker is dropped there. Returns the real ``log_metrics``, to put back."""
+    calls = []
+    log_metrics = tracker.log_metrics
+
+    def flaky(self, row):
+        calls.append(row["step"])
+        if len(calls) == 2:
+            raise error
+        log_metrics(self, row)
+
+    monkeypatch.setattr(tracker, "log_metrics", flaky)
+    return log_metrics
+
+
 def test_logger_group_composes_none_one_or_both(tiny_cfg):
     assert chosen(tiny_cfg()) == []
     assert chosen(tiny_cfg("logger=mlflow")) == ["mlflow"]
@@ -459,16 +475,7 @@ def test_a_tracker_dropped_mid_run_does_not_end_its_mlflow_run_failed(tiny_cfg, 
     clears the tag."""
     from src.trackers_mlflow import DROPPED_TAG, MLflowTracker
 
-    calls = []
-    log_metrics = MLflowTracker.log_metrics
-
-    def flaky(self, row):
-        calls.append(row["step"])
-        if len(calls) == 2:
-            raise ConnectionError("database is locked")
-        log_metrics(self, row)
-
-    monkeypatch.setattr(MLflowTracker, "log_metrics", flaky)
+    fail_second_row(monkeypatch, MLflowTracker, ConnectionError("database is locked"))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_dir = tmp_path / "run"
 
@@ -599,16 +606,7 @@ def test_tensorboard_dropped_mid_run_is_sent_the_rows_it_missed_on_resume(tiny_c
     its events hold, as MLflow is sent them."""
     from src.trackers_tensorboard import TensorBoardTracker
 
-    calls = []
-    log_metrics = TensorBoardTracker.log_metrics
-
-    def flaky(self, row):
-        calls.append(row["step"])
-        if len(calls) == 2:
-            raise OSError("No space left on device")
-        log_metrics(self, row)
-
-    monkeypatch.setattr(TensorBoardTracker, "log_metrics", flaky)
+    log_metrics = fail_second_row(monkeypatch, TensorBoardTracker, OSError("No space left on device"))
 
     def cfg(epochs: int):
         return tiny_cfg("logger=tensorboard", "scheduler=constant", f"trainer.max_epochs={epochs}",
