@@ -3,7 +3,7 @@
 import pytest
 from optuna.trial import TrialState
 
-from tests.helpers import load, sweep
+from tests.helpers import APP, load, run, sweep
 
 
 @pytest.mark.parametrize("order", [["y=choice(0,3)", "kind=choice(a,b)"], ["kind=choice(a,b)", "y=choice(0,3)"]])
@@ -314,3 +314,28 @@ def test_an_error_telling_a_run_of_a_batch_still_launches_the_batchs_later_runs(
     assert [t.state for t in trials] == [TrialState.FAIL] * 3, [(t.number, t.state.name) for t in trials]
     assert all("direction has 2 entries" in t.user_attrs["error"] or "does not compose" in t.user_attrs["error"]
                for t in trials)
+
+
+def test_a_stop_during_a_batchs_first_run_hands_back_its_later_runs_trials_too(tmp_path):
+    """A batch the basic launcher runs in runs of consecutive job numbers (job #1 does not compose): a stop during
+    the first run (SIGTERM stopping a run raises SystemExit(143) out of the launch) must hand back the later run's
+    trial as well, which was claimed, RUNNING and never launched. Left RUNNING, it would wait for its worker's
+    heartbeat to go stale before any start could retry it (not covered by a test until 2026-11-30)."""
+    conf = tmp_path / "conf" / "grp"
+    conf.mkdir(parents=True)
+    for name in ("a", "b"):
+        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+            "+grp=choice(a,nope,b)", "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=5",
+            "hydra.sweeper.n_jobs=3", "hydra.sweeper.max_failure_rate=1.0"]
+    proc = run(args, cwd=tmp_path, check=False, env={"SWEEPER_APP_INTERRUPT": "job0"})
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    first = sorted(load(tmp_path).trials, key=lambda t: t.number)[:3]
+    assert [t.params["+grp"] for t in first].index("nope") == 1  # jobs #0 and #2 are two runs of one batch
+    assert [t.state for t in first] == [TrialState.FAIL] * 3, [(t.number, t.state.name) for t in first]
+    for t in (first[0], first[2]):
+        assert "handed it back" in t.user_attrs["error"], (t.number, t.user_attrs)
+    assert not (tmp_path / "2" / "summary.json").exists()  # the later run was never launched
+    run(args, cwd=tmp_path, check=True)  # the next start runs both retries at once, and the nope point fails again
+    done = [t.params["+grp"] for t in load(tmp_path).trials if t.state == TrialState.COMPLETE]
+    assert sorted(done) == ["a", "b"], [(t.number, t.state.name, t.params) for t in load(tmp_path).trials]

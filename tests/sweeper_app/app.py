@@ -5,7 +5,8 @@ With SWEEPER_APP_RESUME set, a run dir's metrics.jsonl is its checkpoint: a reru
 A top-level `trial` key of the config is the user's own: the summary records it as `user_trial`.
 With SWEEPER_APP_STANDALONE set, `import src` and `import analysis` fail in the app's processes. With `fail=true` (or
 SWEEPER_APP_EXIT=n, which makes the task call sys.exit(n)) each attempt appends to the run dir's `attempts` file;
-SWEEPER_APP_UNPICKLABLE makes its error one that does not unpickle."""
+SWEEPER_APP_UNPICKLABLE makes its error one that does not unpickle. SWEEPER_APP_INTERRUPT=1 stops every job as
+SIGTERM stops a run (SystemExit(143)); SWEEPER_APP_INTERRUPT=job<n> stops Hydra job #n only."""
 
 import json
 import math
@@ -35,7 +36,8 @@ def main(cfg: DictConfig):
         if os.environ.get("SWEEPER_APP_UNPICKLABLE"):  # an exception that pickles but does not unpickle
             raise TwoArgumentError("lr", "must be > 0")
         raise RuntimeError("planted failure")
-    if os.environ.get("SWEEPER_APP_INTERRUPT"):  # an event from outside (SIGTERM), not part of the study's recipe
+    interrupt = os.environ.get("SWEEPER_APP_INTERRUPT")  # an event from outside (SIGTERM), not the study's recipe:
+    if interrupt == "1" or interrupt == f"job{HydraConfig.get().job.num}":  # every job, or Hydra job #n only
         raise SystemExit(143)  # what a run stopped by SIGTERM raises after its checkpoint
     if os.environ.get("SWEEPER_APP_EXIT"):  # the task's own sys.exit(n): each attempt appends to `attempts` too
         (run_dir / "attempts").open("a").write("1")
