@@ -263,6 +263,16 @@ def test_a_retried_point_counts_once_in_its_successive_halving_rungs(tmp_path, p
     assert make_reporter(TrialIdentity("s", judged.number, url))(0.3, 1), "kept: the retried point counted twice"
 
 
+def grp_options(tmp_path) -> str:
+    """Write a config group ``grp`` with options ``a`` and ``b`` (``nope`` does not exist) under ``tmp_path/conf``;
+    returns the override that puts it on Hydra's search path."""
+    conf = tmp_path / "conf" / "grp"
+    conf.mkdir(parents=True)
+    for name in ("a", "b"):
+        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
+    return f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+
+
 @pytest.mark.parametrize("launcher", [[], ["hydra/launcher=vectorized", "hydra.launcher.n_procs=2"]],
                          ids=["basic", "vectorized"])
 def test_a_trial_whose_config_does_not_compose_fails_alone_and_the_rest_of_its_batch_runs(tmp_path, launcher):
@@ -273,11 +283,7 @@ def test_a_trial_whose_config_does_not_compose_fails_alone_and_the_rest_of_its_b
     compose fails its trial with Hydra's error, before the launch; the rest of the batch runs (under the basic
     launcher in runs of consecutive job numbers, each in its own run dir); the failure rate then ends the sweep,
     naming the error, and a later start runs nothing again."""
-    conf = tmp_path / "conf" / "grp"
-    conf.mkdir(parents=True)
-    for name in ("a", "b"):
-        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
-    args = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+grp=choice(a,b,nope)", "x=choice(0,1)",
+    args = [grp_options(tmp_path), "+grp=choice(a,b,nope)", "x=choice(0,1)",
             "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_jobs=6", *launcher]
     for start in range(2):
         proc = sweep(tmp_path, *args, check=False)
@@ -300,11 +306,7 @@ def test_an_error_telling_a_run_of_a_batch_still_launches_the_batchs_later_runs(
     them did not compose) raised a tell's error (here: the task returns one value to a study of two directions) after
     its first run, before its later runs were launched, which then stayed RUNNING, never run (one batch launched
     whole told every job first). The batch's later runs are launched, each trial told; the error is raised after."""
-    conf = tmp_path / "conf" / "grp"
-    conf.mkdir(parents=True)
-    for name in ("a", "b"):
-        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
-    proc = sweep(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "+grp=choice(a,nope,b)",
+    proc = sweep(tmp_path, grp_options(tmp_path), "+grp=choice(a,nope,b)",
                  "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=5", "hydra.sweeper.n_jobs=3",
                  "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.direction=[minimize,minimize]", check=False)
     assert proc.returncode != 0 and "hydra.sweeper.direction has 2 entries" in proc.stderr, proc.stderr[-3000:]
@@ -321,11 +323,7 @@ def test_a_stop_during_a_batchs_first_run_hands_back_its_later_runs_trials_too(t
     the first run (SIGTERM stopping a run raises SystemExit(143) out of the launch) must hand back the later run's
     trial as well, which was claimed, RUNNING and never launched. Left RUNNING, it would wait for its worker's
     heartbeat to go stale before any start could retry it (not covered by a test until 2026-11-30)."""
-    conf = tmp_path / "conf" / "grp"
-    conf.mkdir(parents=True)
-    for name in ("a", "b"):
-        (conf / f"{name}.yaml").write_text(f"w: {name}\n")
-    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+    args = [APP, "-m", f"hydra.sweep.dir={tmp_path}", grp_options(tmp_path),
             "+grp=choice(a,nope,b)", "hydra/sweeper/sampler=grid", "hydra.sweeper.sampler.seed=5",
             "hydra.sweeper.n_jobs=3", "hydra.sweeper.max_failure_rate=1.0"]
     proc = run(args, cwd=tmp_path, check=False, env={"SWEEPER_APP_INTERRUPT": "job0"})
