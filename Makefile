@@ -78,9 +78,12 @@ reports: install
 				--effect 0.03 --out $(S)/double_descent_vit/analysis/$$grid/$${c#*:}.md > /dev/null; \
 		done; \
 	done
-	$(PY) -m analysis.design test $(S)/double_descent_vit/records/fixed_bf16 --capped-from \
-		$(S)/double_descent_vit/records/main_bf16 --curves --pilot $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
-		--out $(S)/double_descent_vit/analysis/fixed_bf16/declared_test.md > /dev/null
+	for c in critical:declared_test threshold:sensitivity_threshold; do \
+		$(PY) -m analysis.design test $(S)/double_descent_vit/records/fixed_bf16 --capped-from \
+			$(S)/double_descent_vit/records/main_bf16 --curves --center $${c%%:*} \
+			--pilot $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
+			--out $(S)/double_descent_vit/analysis/fixed_bf16/$${c#*:}.md > /dev/null; \
+	done
 	$(PY) -m analysis.design compare $(S)/double_descent_vit/records/main_bf16 --against \
 		$(S)/double_descent_vit/records/main_gpu --out $(S)/double_descent_vit/analysis/devices.md > /dev/null
 	$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/earlier_cpu \

@@ -781,8 +781,9 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
     *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], c, f"{grid}/{name}", [], 0.03)
       for grid in ("main_gpu", "main_bf16")
       for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
-    ("double_descent_vit", ["records/fixed_bf16"], ["records/pilot_gpu"], "critical", "fixed_bf16/declared_test.md",
-     ["records/main_bf16"], 0.03)]
+    *[("double_descent_vit", ["records/fixed_bf16"], ["records/pilot_gpu"], c, f"fixed_bf16/{name}",
+       ["records/main_bf16"], 0.03)
+      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))]]
 
 
 @pytest.mark.parametrize("study, main, pilot, center, name, capped, effect", DECLARED_TESTS)
