@@ -46,6 +46,9 @@ test-all: install
 bench: install
 	$(PY) benchmarks/throughput.py
 
+# reports: a double descent's two readings: the declared test (centre: the critical width) and the post hoc one centred on
+# the interpolation threshold, as `--center`:<file under analysis/>
+CENTRES := critical:declared_test threshold:sensitivity_threshold
 # every study analysis that regenerates from its committed records (docs/studies/README.md; tests/test_design.py and
 # tests/test_study_scripts.py check that the tables come back byte for byte)
 S := docs/studies
@@ -72,13 +75,13 @@ reports: install
 		--out $(S)/double_descent_vit/analysis/pilot_plan.md
 	for grid in main_gpu main_bf16; do \
 		$(PY) -m analysis.report $(S)/double_descent_vit/records/$$grid --out $(S)/double_descent_vit/analysis/$$grid; \
-		for c in critical:declared_test threshold:sensitivity_threshold; do \
+		for c in $(CENTRES); do \
 			$(PY) -m analysis.design test $(S)/double_descent_vit/records/$$grid --center $${c%%:*} \
 				--pilot $(S)/double_descent_vit/records/pilot_gpu \
 				--effect 0.03 --out $(S)/double_descent_vit/analysis/$$grid/$${c#*:}.md > /dev/null; \
 		done; \
 	done
-	for c in critical:declared_test threshold:sensitivity_threshold; do \
+	for c in $(CENTRES); do \
 		$(PY) -m analysis.design test $(S)/double_descent_vit/records/fixed_bf16 --capped-from \
 			$(S)/double_descent_vit/records/main_bf16 --curves --center $${c%%:*} \
 			--pilot $(S)/double_descent_vit/records/pilot_gpu --effect 0.03 \
@@ -92,7 +95,7 @@ reports: install
 		$(S)/double_descent_cnn_cifar10/records/pilot_gpu_threshold --out $(S)/double_descent_cnn_cifar10/analysis/pilot_plan.md
 	for arm in main main_fixed; do \
 		$(PY) -m analysis.report $(S)/double_descent_cnn_cifar10/records/$$arm --out $(S)/double_descent_cnn_cifar10/analysis/$$arm; \
-		for c in critical:declared_test threshold:sensitivity_threshold; do \
+		for c in $(CENTRES); do \
 			$(PY) -m analysis.design test $(S)/double_descent_cnn_cifar10/records/$$arm --center $${c%%:*} \
 				--pilot $(S)/double_descent_cnn_cifar10/records/pilot_gpu $(S)/double_descent_cnn_cifar10/records/pilot_gpu_threshold \
 				--out $(S)/double_descent_cnn_cifar10/analysis/$$arm/$${c#*:}.md > /dev/null; \

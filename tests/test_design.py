@@ -768,11 +768,13 @@ def test_each_committed_analysis_regenerates_from_its_records(study, dirs, out, 
     assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
 
 
+CENTRES = (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))  # the declared test and
+# the post hoc reading centred on the interpolation threshold (the Makefile's CENTRES)
 DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed file under analysis/, capped-from,
     # the effect a design must see: the tool's default 0.05 unless the sweep declared another)
     *[("double_descent_cnn_cifar10", [f"records/{arm}"], ["records/pilot_gpu", "records/pilot_gpu_threshold"], c,
        f"{arm}/{name}", [], None) for arm in ("main", "main_fixed")
-      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
+      for c, name in CENTRES],
     ("double_descent_cnn", ["records/main", "records/main_seed6", "records/main_seeds789"], ["records/pilot_gpu"],
      "critical", "main_test.md",
      [], None),
@@ -780,10 +782,10 @@ DECLARED_TESTS = [  # (study, main-run records, pilot records, centre, committed
      "main_fixed_test.md", ["records/main", "records/main_seed6", "records/main_seeds789"], None),
     *[("double_descent_vit", [f"records/{grid}"], ["records/pilot_gpu"], c, f"{grid}/{name}", [], 0.03)
       for grid in ("main_gpu", "main_bf16")
-      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))],
+      for c, name in CENTRES],
     *[("double_descent_vit", ["records/fixed_bf16"], ["records/pilot_gpu"], c, f"fixed_bf16/{name}",
        ["records/main_bf16"], 0.03)
-      for c, name in (("critical", "declared_test.md"), ("threshold", "sensitivity_threshold.md"))]]
+      for c, name in CENTRES]]
 
 
 @pytest.mark.parametrize("study, main, pilot, center, name, capped, effect", DECLARED_TESTS)
